@@ -1,0 +1,316 @@
+"""Typed configuration: dataclasses loaded from TOML, with ``a.b=c`` overrides.
+
+Unknown keys are errors that name the key and list the valid ones.
+
+>>> from tierec.config import load_config
+>>> cfg = load_config(None, ["model.name=deepfm", "train.batch_size=512"])
+>>> cfg.model.name, cfg.train.batch_size
+('deepfm', 512)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line to the user."""
+
+
+class StrEnum(str, enum.Enum):
+    @classmethod
+    def parse(cls, value: str | StrEnum) -> Any:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ConfigError(f"{value!r} is not a valid {cls.__name__}; choose one of {[m.value for m in cls]}") from None
+
+
+class OptimizerKind(StrEnum):
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAM = "adam"
+
+
+class Pooling(StrEnum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(kw_only=True)
+class SchemaConfig:
+    """Which columns of a CSV/TSV/Parquet file are label, dense and categorical."""
+
+    label: str = "label"
+    dense: list[str] = field(default_factory=list)
+    categorical: list[str] = field(default_factory=list)
+    multi_valued: list[str] = field(default_factory=list)  # categorical columns holding several values
+    separator: str = "|"  # between values of a multi-valued column
+    header: bool = True  # CSV/TSV: first line names the columns
+    # Column names when the file has no header line (in file order).
+    columns: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        missing = [c for c in self.multi_valued if c not in self.categorical]
+        if missing:
+            raise ConfigError(f"schema.multi_valued names columns that are not categorical: {missing}")
+
+
+@dataclass(kw_only=True)
+class SyntheticConfig:
+    """The built-in Criteo-shaped synthetic data set with a planted model."""
+
+    train_rows: int = 1_000_000
+    test_rows: int = 100_000
+    seed: int = 0
+    n_dense: int = 13
+    # Criteo Kaggle cardinalities are multiplied by this (at least 2 ids per feature).
+    cardinality_scale: float = 0.01
+    zipf: float = 1.1  # 0 = uniform ids
+    ids_per_feature: int = 1  # > 1 for multi-hot bags
+
+    def __post_init__(self) -> None:
+        if self.train_rows <= 0 or self.test_rows <= 0:
+            raise ConfigError("synthetic.train_rows and synthetic.test_rows must be positive")
+        if self.cardinality_scale <= 0:
+            raise ConfigError("synthetic.cardinality_scale must be positive")
+        if self.zipf < 0:
+            raise ConfigError("synthetic.zipf must be >= 0")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    # "synthetic", a file (.txt/.tsv/.csv/.parquet), or a directory of shards from `tierec preprocess`.
+    source: str = "synthetic"
+    # auto | synthetic | criteo | csv | tsv | parquet | shards
+    format: str = "auto"
+    schema: SchemaConfig = field(default_factory=SchemaConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # Held-out split of a file: its last `test_rows` rows, or else its last `test_fraction`.
+    test_rows: int = 0
+    test_fraction: float = 0.1
+    strict: bool = False  # malformed rows are errors instead of being skipped and counted
+    # A separate test file (overrides the split).
+    test_source: str = ""
+    prefetch_batches: int = 4  # background loader queue depth
+
+    def __post_init__(self) -> None:
+        formats = {"auto", "synthetic", "criteo", "csv", "tsv", "parquet", "shards"}
+        if self.format not in formats:
+            raise ConfigError(f"data.format {self.format!r} is not one of {sorted(formats)}")
+        if not 0 <= self.test_fraction < 1:
+            raise ConfigError("data.test_fraction must be in [0, 1)")
+        if self.test_rows < 0:
+            raise ConfigError("data.test_rows must be >= 0")
+
+
+# ------------------------------------------------------------------------ embedding
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD
+    lr: float = 0.05
+    eps: float = 1e-8
+    beta1: float = 0.9  # adam
+    beta2: float = 0.999  # adam
+    initial_accumulator: float = 0.0  # adagrad variants
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.kind = OptimizerKind.parse(self.kind)
+        if self.lr <= 0:
+            raise ConfigError("optimizer lr must be positive")
+
+
+@dataclass(kw_only=True)
+class TableOverride:
+    """Per-table settings; tables not listed use the embedding defaults."""
+
+    name: str
+    features: list[str] = field(default_factory=list)  # default: the feature of the same name
+    dim: int = 0  # 0 = embedding.dim
+    init_scale: float = 0.0  # 0 = embedding.init_scale
+
+
+@dataclass(kw_only=True)
+class EmbeddingConfig:
+    dim: int = 16
+    pooling: Pooling = Pooling.SUM
+    # New rows are drawn uniformly from [-init_scale, init_scale]; 0 picks 1/sqrt(dim).
+    init_scale: float = 0.0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    tables: list[TableOverride] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pooling = Pooling.parse(self.pooling)
+        if self.dim <= 0:
+            raise ConfigError("embedding.dim must be positive")
+
+
+# ---------------------------------------------------------------------------- model
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = "dlrm"  # dlrm | deepfm | dcnv2 | widedeep
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 32])  # dlrm; last layer is projected to embedding.dim
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # dlrm top, deep tower of the others
+    cross_layers: int = 2  # dcnv2
+    cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
+        if self.name not in names:
+            raise ConfigError(f"model.name {self.name!r} is not one of {sorted(names)}")
+
+
+# ---------------------------------------------------------------------------- train
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    batch_size: int = 2048
+    epochs: int = 1
+    max_steps: int = 0  # 0 = run the epochs
+    dense_optimizer: str = "adam"  # adam | adagrad | sgd
+    dense_lr: float = 1e-3
+    eval_every: int = 0  # steps; 0 = only at the end
+    eval_batches: int = 0  # 0 = whole test split
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    progress: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise ConfigError("train.batch_size must be positive")
+        if self.dense_optimizer not in {"adam", "adagrad", "sgd"}:
+            raise ConfigError(f"train.dense_optimizer {self.dense_optimizer!r} is not one of adam, adagrad, sgd")
+
+
+@dataclass(kw_only=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# --------------------------------------------------------------------- loading
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return from_dict(hint, value, where)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint.parse(value) if hasattr(hint, "parse") else hint(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"true", "false", "1", "0"}:
+            return value.lower() in {"true", "1"}
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from a dict, rejecting unknown keys by name."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"unknown config key(s) {[prefix + k for k in unknown]}; valid keys here: {names}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """The TOML-able dict of a config (enums as their strings)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare string
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override to a nested dict (value parsed as TOML)."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like section.key=value")
+    path, text = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {assignment!r}: {k} is not a section")
+    node[keys[-1]] = _parse_value(text.strip())
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, cls: type = Config) -> Any:
+    """Load ``cls`` from a TOML file (or defaults when ``path`` is None) plus overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: {e}") from None
+    for o in overrides or []:
+        apply_override(data, o)
+    return from_dict(cls, data)

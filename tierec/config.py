@@ -177,6 +177,14 @@ class ModelConfig:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
         if self.name not in names:
             raise ConfigError(f"model.name {self.name!r} is not one of {sorted(names)}")
+        for key in ("bottom_mlp", "top_mlp"):
+            sizes = getattr(self, key)
+            if any(s <= 0 for s in sizes):
+                raise ConfigError(f"model.{key} layer sizes must be positive, got {sizes}")
+        if self.cross_layers < 0 or self.cross_rank < 0:
+            raise ConfigError("model.cross_layers and model.cross_rank must be >= 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
 
 # ---------------------------------------------------------------------------- train

@@ -1,0 +1,81 @@
+"""The contract every CTR model follows.
+
+A model sees already-pooled embeddings, never ids: the embedding collection
+(tierec.embedding) owns the tables. Inputs for a batch of ``B`` samples:
+
+- ``dense``: ``[B, n_dense]`` float32 dense features;
+- ``emb``: ``[B, F, D]`` the pooled embedding of each of the ``F`` sparse features;
+- ``wide``: ``[B, F]`` pooled first-order (dim-1) embeddings, or ``None``.
+
+``forward`` returns logits ``[B]``. A model whose class attribute
+``uses_wide`` is true needs ``wide`` (the trainer then keeps a second
+collection of dim-1 tables); the others ignore it.
+
+>>> import torch
+>>> from tierec.models.base import CTRModel
+>>> class Mean(CTRModel):
+...     def forward(self, dense, emb, wide=None):
+...         self.check_inputs(dense, emb, wide)
+...         return emb.mean(dim=(1, 2))
+>>> Mean(n_dense=2, n_sparse=3, dim=4)(torch.zeros(5, 2), torch.zeros(5, 3, 4), None).shape
+torch.Size([5])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+# Bias of the final logit at initialisation: logit(0.25), near Criteo's click rate,
+# so the first steps are not spent learning the base rate.
+PRIOR_POSITIVE_RATE = 0.25
+PRIOR_LOGIT = math.log(PRIOR_POSITIVE_RATE / (1.0 - PRIOR_POSITIVE_RATE))
+
+
+class CTRModel(nn.Module):
+    """Base class: stores the input sizes and checks input shapes."""
+
+    uses_wide: ClassVar[bool] = False
+
+    def __init__(self, n_dense: int, n_sparse: int, dim: int) -> None:
+        super().__init__()
+        if n_dense < 0 or n_sparse < 1 or dim < 1:
+            raise ValueError(f"need n_dense >= 0, n_sparse >= 1, dim >= 1; got {n_dense}, {n_sparse}, {dim}")
+        self.n_dense = n_dense
+        self.n_sparse = n_sparse
+        self.dim = dim
+
+    def check_inputs(self, dense: Tensor, emb: Tensor, wide: Tensor | None) -> None:
+        """Raise ValueError naming the expected shapes when inputs do not match."""
+        b = emb.shape[0]
+        if emb.dim() != 3 or tuple(emb.shape[1:]) != (self.n_sparse, self.dim):
+            raise ValueError(f"emb has shape {tuple(emb.shape)}, expected [B, {self.n_sparse}, {self.dim}]")
+        if tuple(dense.shape) != (b, self.n_dense):
+            raise ValueError(f"dense has shape {tuple(dense.shape)}, expected [{b}, {self.n_dense}]")
+        if self.uses_wide:
+            if wide is None:
+                raise ValueError(f"{type(self).__name__} needs wide (first-order) embeddings, got None")
+            if tuple(wide.shape) != (b, self.n_sparse):
+                raise ValueError(f"wide has shape {tuple(wide.shape)}, expected [{b}, {self.n_sparse}]")
+
+    def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:  # -> [B] logits
+        raise NotImplementedError
+
+
+def output_layer(in_dim: int) -> nn.Linear:
+    """The final ``in_dim -> 1`` logit layer: Xavier weights, bias at the prior logit."""
+    layer = nn.Linear(in_dim, 1)
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.constant_(layer.bias, PRIOR_LOGIT)
+    return layer
+
+
+def dense_linear(n_dense: int, out_dim: int) -> nn.Linear | None:
+    """A bias-free Xavier linear map of the dense features, or None when there are none."""
+    if n_dense == 0:
+        return None
+    layer = nn.Linear(n_dense, out_dim, bias=False)
+    nn.init.xavier_uniform_(layer.weight)
+    return layer

@@ -1,0 +1,47 @@
+"""DLRM (Naumov et al., 2019): bottom MLP, pairwise dot interaction, top MLP.
+
+The bottom MLP maps the dense features to one more ``D``-dim vector
+(``bottom_mlp`` then a layer of width ``D``, ReLU after each). It is stacked with
+the ``F`` sparse embeddings and all pairwise dot products are taken (strict upper
+triangle); the top MLP sees ``[bottom_out, interactions]`` and ends in one logit.
+Without dense features there is no bottom MLP and only the interactions go up.
+
+>>> import torch
+>>> from tierec.config import ModelConfig
+>>> from tierec.models.dlrm import DLRM
+>>> m = DLRM(ModelConfig(bottom_mlp=[8], top_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
+>>> m(torch.randn(5, 3), torch.randn(5, 4, 2), None).shape
+torch.Size([5])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tierec.config import ModelConfig
+from tierec.models.base import CTRModel, output_layer
+from tierec.models.layers import MLP, DotInteraction
+
+
+class DLRM(CTRModel):
+    uses_wide = False
+
+    def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
+        super().__init__(n_dense, n_sparse, dim)
+        self.bottom = MLP(n_dense, [*cfg.bottom_mlp, dim], cfg.dropout) if n_dense > 0 else None
+        n_vectors = n_sparse + (1 if n_dense > 0 else 0)
+        self.interaction = DotInteraction(n_vectors)
+        top_in = self.interaction.out_dim + (dim if n_dense > 0 else 0)
+        self.top = MLP(top_in, cfg.top_mlp, cfg.dropout)
+        self.out = output_layer(self.top.out_dim)
+
+    def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
+        self.check_inputs(dense, emb, wide)
+        if self.bottom is None:
+            top_in = self.interaction(emb)  # [B, F (F - 1) / 2]
+        else:
+            bottom = self.bottom(dense)  # [B, D]
+            vectors = torch.cat([bottom.unsqueeze(1), emb], dim=1)  # [B, F + 1, D]
+            top_in = torch.cat([bottom, self.interaction(vectors)], dim=1)  # [B, D + (F + 1) F / 2]
+        return self.out(self.top(top_in)).squeeze(1)  # [B]

@@ -1,0 +1,141 @@
+"""Building blocks shared by the model zoo: MLP, dot interaction, FM, cross network.
+
+Every layer works on whatever device and float dtype its inputs live on; index
+helpers are non-persistent buffers so ``.to(device)`` moves them and
+``state_dict`` does not carry them.
+
+>>> import torch
+>>> from tierec.models.layers import MLP, DotInteraction, FactorizationMachine, CrossNetV2
+>>> MLP(4, [8, 3])(torch.randn(2, 4)).shape
+torch.Size([2, 3])
+>>> DotInteraction(3)(torch.randn(2, 3, 5)).shape  # 3 * 2 / 2 pairs
+torch.Size([2, 3])
+>>> FactorizationMachine()(torch.randn(2, 3, 5)).shape
+torch.Size([2])
+>>> CrossNetV2(6, num_layers=2, rank=2)(torch.randn(2, 6)).shape
+torch.Size([2, 6])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def init_linear(layer: nn.Linear, relu: bool) -> None:
+    """He (Kaiming) uniform for a layer followed by ReLU, Xavier uniform otherwise; zero bias."""
+    if relu:
+        nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
+    else:
+        nn.init.xavier_uniform_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+
+
+class MLP(nn.Module):
+    """``Linear -> ReLU [-> Dropout]`` per entry of ``sizes``.
+
+    With ``activate_last=False`` the last layer is a plain linear map (no ReLU,
+    no dropout), as wanted for a projection or an output layer.
+    """
+
+    def __init__(self, in_dim: int, sizes: list[int], dropout: float = 0.0, activate_last: bool = True) -> None:
+        super().__init__()
+        if in_dim <= 0 or any(s <= 0 for s in sizes):
+            raise ValueError(f"MLP sizes must be positive, got in_dim={in_dim}, sizes={sizes}")
+        layers: list[nn.Module] = []
+        dims = [in_dim, *sizes]
+        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+            linear = nn.Linear(d_in, d_out)
+            activated = activate_last or i < len(sizes) - 1
+            init_linear(linear, relu=activated)
+            layers.append(linear)
+            if activated:
+                layers.append(nn.ReLU())
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
+        self.layers = nn.Sequential(*layers)
+        self.out_dim = dims[-1]
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, in_dim] -> [B, out_dim]
+        return self.layers(x)
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of ``N`` feature vectors, as in DLRM.
+
+    Returns the strict upper triangle of ``X X^T`` in row-major order: pairs
+    ``(0,1), (0,2), ..., (0,N-1), (1,2), ...`` -> ``[B, N (N - 1) / 2]``.
+    """
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        if num_features < 2:
+            raise ValueError(f"DotInteraction needs at least 2 features, got {num_features}")
+        rows, cols = torch.triu_indices(num_features, num_features, offset=1)
+        # Linear positions into the flattened [N * N] Gram matrix.
+        self.register_buffer("pair_index", rows * num_features + cols, persistent=False)
+        self.num_features = num_features
+
+    @property
+    def out_dim(self) -> int:
+        return self.num_features * (self.num_features - 1) // 2
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, N, D] -> [B, N (N - 1) / 2]
+        gram = torch.bmm(x, x.transpose(1, 2))  # [B, N, N]
+        return gram.flatten(1).index_select(1, self.pair_index)
+
+
+class FactorizationMachine(nn.Module):
+    """Second-order FM term ``sum_{i<j} <v_i, v_j>`` in O(F D) per sample.
+
+    Uses ``0.5 * sum_d((sum_f v_fd)^2 - sum_f v_fd^2)``; no parameters.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, F, D] -> [B]
+        square_of_sum = x.sum(dim=1).square()  # [B, D]
+        sum_of_square = x.square().sum(dim=1)  # [B, D]
+        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1)
+
+
+class CrossLayer(nn.Module):
+    """One DCN-v2 cross layer: ``x_{l+1} = x0 * (W x_l + b) + x_l``.
+
+    ``rank == 0``: ``W`` is a full ``[d, d]`` matrix (``self.full``).
+    ``rank > 0``: ``W = U V^T`` with ``U = self.up.weight`` (``[d, r]``) and
+    ``V^T = self.down.weight`` (``[r, d]``); the bias ``b`` sits on ``self.up``.
+    """
+
+    def __init__(self, dim: int, rank: int = 0) -> None:
+        super().__init__()
+        if rank < 0:
+            raise ValueError(f"cross rank must be >= 0, got {rank}")
+        self.rank = rank
+        if rank == 0:
+            self.full = nn.Linear(dim, dim)
+            init_linear(self.full, relu=False)
+        else:
+            self.down = nn.Linear(dim, rank, bias=False)
+            self.up = nn.Linear(rank, dim)
+            init_linear(self.down, relu=False)
+            init_linear(self.up, relu=False)
+
+    def forward(self, x0: Tensor, x: Tensor) -> Tensor:  # [B, d], [B, d] -> [B, d]
+        projected = self.full(x) if self.rank == 0 else self.up(self.down(x))
+        return x0 * projected + x
+
+
+class CrossNetV2(nn.Module):
+    """A stack of ``num_layers`` DCN-v2 cross layers over the input ``x0``."""
+
+    def __init__(self, dim: int, num_layers: int, rank: int = 0) -> None:
+        super().__init__()
+        if num_layers < 0:
+            raise ValueError(f"num_layers must be >= 0, got {num_layers}")
+        self.layers = nn.ModuleList(CrossLayer(dim, rank) for _ in range(num_layers))
+
+    def forward(self, x0: Tensor) -> Tensor:  # [B, d] -> [B, d]
+        x = x0
+        for layer in self.layers:
+            x = layer(x0, x)
+        return x

@@ -1,0 +1,108 @@
+"""HashIndex and TableGroup against a plain dict; state round trips; deterministic init."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tierec.batch import SparseFeatures
+from tierec.config import EmbeddingConfig
+from tierec.embedding import EmbeddingCollection, HashIndex, tables_from_config
+from tierec.embedding.hash_index import Deduper
+
+
+def test_index_matches_dict_through_growth() -> None:
+    g = np.random.default_rng(0)
+    idx = HashIndex(initial_rows=4)
+    ref: dict[tuple[int, int], int] = {}
+    for _ in range(30):
+        keys = np.unique(g.integers(-(2**62), 2**62, size=200) // 997 * 997)  # wide 64-bit ids, some negative
+        keys = np.concatenate([keys, keys[:5] + 1])
+        tabs = g.integers(0, 3, size=keys.shape[0]).astype(np.int32)
+        pairs = list(dict.fromkeys(zip(keys.tolist(), tabs.tolist())))
+        keys = np.array([p[0] for p in pairs], dtype=np.int64)
+        tabs = np.array([p[1] for p in pairs], dtype=np.int32)
+        got = idx.lookup(keys, tabs, insert=True)
+        for i, p in enumerate(pairs):
+            if p not in ref:
+                ref[p] = len(ref)
+                assert i in set(got.new.tolist())
+            assert got.rows[i] == ref[p]
+    assert idx.num_rows == len(ref)
+    # the same key in two tables is two rows: no collisions across tables
+    a = idx.lookup(np.array([5, 5], dtype=np.int64), np.array([0, 1], dtype=np.int32), insert=True)
+    assert a.rows[0] != a.rows[1]
+    miss = idx.lookup(np.array([123456789], dtype=np.int64), np.array([2], dtype=np.int32), insert=False)
+    assert miss.rows.tolist() == [-1]
+
+
+def test_deduper_matches_numpy_unique() -> None:
+    g = np.random.default_rng(1)
+    keys = g.integers(0, 50, size=1000).astype(np.int64)
+    tabs = g.integers(0, 2, size=1000).astype(np.int32)
+    ukeys, utabs, inv = Deduper()(keys, tabs)
+    np.testing.assert_array_equal(ukeys[inv], keys)
+    np.testing.assert_array_equal(utabs[inv], tabs)
+    assert len(set(zip(ukeys.tolist(), utabs.tolist()))) == ukeys.shape[0] == len(set(zip(keys.tolist(), tabs.tolist())))
+
+
+def _coll(seed: int = 0) -> EmbeddingCollection:
+    return EmbeddingCollection(tables_from_config(EmbeddingConfig(dim=4), ["x", "y"]), ["x", "y"], seed=seed)
+
+
+def test_init_depends_only_on_id_not_order() -> None:
+    a, b = _coll(), _coll()
+    ids = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    with torch.no_grad():
+        a(SparseFeatures.one_hot(("x", "y"), ids))
+        b(SparseFeatures.one_hot(("x", "y"), ids.flip(0)))
+    sa, sb = a.state_dict(), b.state_dict()
+    for t in ("x", "y"):
+        wa = dict(zip(sa[f"{t}.ids"].tolist(), sa[f"{t}.weights"]))
+        wb = dict(zip(sb[f"{t}.ids"].tolist(), sb[f"{t}.weights"]))
+        for k in wa:
+            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0)
+    other = _coll(seed=1)
+    with torch.no_grad():
+        other(SparseFeatures.one_hot(("x", "y"), ids))
+    assert not torch.allclose(sa["x.weights"], other.state_dict()["x.weights"])  # the seed matters
+    w = sa["x.weights"]
+    assert w.abs().max() <= 0.5 and w.std() > 0.1  # U(-1/sqrt(4), 1/sqrt(4))
+
+
+def test_eval_does_not_insert_and_reads_unknown_as_zero() -> None:
+    c = _coll()
+    ids = torch.tensor([[1, 2], [3, 4]])
+    out_train = c(SparseFeatures.one_hot(("x", "y"), ids))
+    c.eval()
+    out = c(SparseFeatures.one_hot(("x", "y"), torch.tensor([[1, 99], [3, 4]])))
+    assert c.num_rows() == 4
+    torch.testing.assert_close(out[0, 0], out_train[0, 0].detach())
+    assert torch.count_nonzero(out[0, 1]) == 0
+
+
+def test_state_dict_round_trip_is_exact() -> None:
+    c = _coll()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        ids = torch.randint(0, 20, (8, 2), generator=g)
+        c(SparseFeatures.one_hot(("x", "y"), ids)).pow(2).sum().backward()
+    sd = c.state_dict()
+    d = _coll()
+    d.load_state_dict(sd)
+    sd2 = d.state_dict()
+    assert sd.keys() == sd2.keys()
+    for k in sd:
+        assert torch.equal(sd[k], sd2[k]), k
+    probe = SparseFeatures.one_hot(("x", "y"), torch.randint(0, 20, (8, 2), generator=g))
+    c.eval(), d.eval()
+    assert torch.equal(c(probe), d(probe))
+
+
+def test_stats_report_rows_and_bytes() -> None:
+    c = _coll()
+    with torch.no_grad():
+        c(SparseFeatures.one_hot(("x", "y"), torch.tensor([[1, 1], [2, 1], [3, 1]])))
+    st = c.table_stats()
+    assert st["x"]["rows"] == 3 and st["y"]["rows"] == 1
+    assert st["x"]["bytes"] > st["y"]["bytes"] > 0

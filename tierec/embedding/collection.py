@@ -1,0 +1,273 @@
+"""EmbeddingCollection: pooled embeddings for every sparse feature, trained in the backward.
+
+Per batch and per table group: (1) dedupe the (table, id) pairs, (2) look the
+unique pairs up in the hash index, inserting new ids, (3) gather each unique
+row once, (4) pool per feature from the gathered rows. In the backward the
+gradient arrives already reduced onto the unique rows and the fused optimizer
+updates them in place; no dense gradient of a table is ever formed.
+
+>>> import torch
+>>> from tierec.batch import SparseFeatures
+>>> from tierec.config import EmbeddingConfig
+>>> from tierec.embedding import EmbeddingCollection, tables_from_config
+>>> coll = EmbeddingCollection(tables_from_config(EmbeddingConfig(dim=4), ["a", "b"]), ["a", "b"])
+>>> sp = SparseFeatures.one_hot(("a", "b"), torch.tensor([[1, 2], [1, 3]]))
+>>> out = coll(sp)                # [B, F, D]
+>>> out.shape
+torch.Size([2, 2, 4])
+>>> out.sum().backward()          # rows updated in place, no .grad anywhere
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tierec.batch import SparseFeatures
+from tierec.config import Pooling
+from tierec.embedding.group import TableGroup
+from tierec.embedding.hash_index import Deduper
+from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
+from tierec.embedding.table import TableConfig
+
+
+class _Gather(torch.autograd.Function):
+    """Gather unique rows; the backward is the fused optimizer step on those rows."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, group: TableGroup, rows: Tensor) -> Tensor:  # -> [U, D]
+        ctx.group = group
+        ctx.save_for_backward(rows)
+        return group.weights.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # grad [U, D], already summed over duplicates
+        (rows,) = ctx.saved_tensors
+        ctx.group.update(rows, grad)
+        return None, None, None
+
+
+class _PoolFused(torch.autograd.Function):
+    """CPU: gather + pool in one numba pass; backward reduces onto unique rows and updates them."""
+
+    @staticmethod
+    def forward(ctx, anchor, group, rows, inverse, offsets, scale, batch):  # -> [B, F_g, D]
+        n_feat = (offsets.shape[0] - 1) // batch
+        out = torch.empty(batch, n_feat, group.dim)
+        pool_forward(group.weights.numpy(), rows, inverse, offsets, scale, batch, out.numpy())
+        ctx.args = (group, rows, inverse, offsets, scale, batch)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out [B, F_g, D]
+        group, rows, inverse, offsets, scale, batch = ctx.args
+        grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
+        g = grad_out.contiguous().numpy()
+        pool_backward(g, inverse, offsets, scale, batch, backward_chunks(group.dim), grad_rows.numpy())
+        group.update(torch.from_numpy(rows), grad_rows)
+        return (None,) * 7
+
+
+@dataclass(frozen=True)
+class _GroupPlan:
+    group: TableGroup
+    features: tuple[int, ...]  # positions of this group's features in the batch's keys
+    feature_table: np.ndarray  # [len(features)] int32, table index (within the group) per feature
+    mean: np.ndarray  # [len(features)] bool, mean pooling per feature
+
+
+class EmbeddingCollection(nn.Module):
+    def __init__(
+        self,
+        tables: list[TableConfig],
+        feature_names: list[str] | tuple[str, ...],
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.feature_names = tuple(feature_names)
+        self.tables = tables
+        owner = {}
+        for t in tables:
+            for f in t.features:
+                if f in owner:
+                    raise ValueError(f"feature {f!r} is used by tables {owner[f]!r} and {t.name!r}")
+                owner[f] = t.name
+        missing = [f for f in self.feature_names if f not in owner]
+        if missing:
+            raise ValueError(f"features without a table: {missing}")
+        by_key: dict[tuple, list[TableConfig]] = {}
+        for t in tables:
+            by_key.setdefault(t.group_key(), []).append(t)
+        self.groups = [TableGroup(ts, seed=seed, device=device) for ts in by_key.values()]
+        self._plans = [self._plan(g) for g in self.groups]
+        self._dedupe = Deduper()
+        # Autograd needs a tensor that requires grad to call _Gather.backward.
+        self._anchor = torch.zeros((), requires_grad=True)
+        # numba gather+pool kernels on CPU; False forces the torch path (what GPUs run).
+        self.use_fused_kernels = True
+
+    def _plan(self, group: TableGroup) -> _GroupPlan:
+        feats, ftab, mean = [], [], []
+        for ti, t in enumerate(group.tables):
+            for f in t.features:
+                feats.append(self.feature_names.index(f))
+                ftab.append(ti)
+                mean.append(t.pooling is Pooling.MEAN)
+        order = np.argsort(feats, kind="stable")
+        return _GroupPlan(
+            group=group,
+            features=tuple(feats[i] for i in order),
+            feature_table=np.array([ftab[i] for i in order], dtype=np.int32),
+            mean=np.array([mean[i] for i in order], dtype=bool),
+        )
+
+    @property
+    def dims(self) -> list[int]:
+        return [next(t.dim for t in self.tables if f in t.features) for f in self.feature_names]
+
+    # --------------------------------------------------------------- forward
+
+    def forward(self, sparse: SparseFeatures) -> Tensor:
+        """Pooled embeddings ``[B, F, D]`` in ``feature_names`` order (all tables one dim)."""
+        dims = set(self.dims)
+        if len(dims) != 1:
+            raise ValueError(f"forward() needs one dim for all tables, got {sorted(dims)}; use pooled_by_feature()")
+        if sparse.keys != self.feature_names:
+            sparse = _select(sparse, self.feature_names)
+        outs = [self._group_forward(plan, sparse) for plan in self._plans]  # each [B, F_g, D]
+        if len(outs) == 1 and self._plans[0].features == tuple(range(len(self.feature_names))):
+            return outs[0]
+        order = [f for plan in self._plans for f in plan.features]
+        perm = torch.from_numpy(np.argsort(order)).to(outs[0].device)
+        return torch.cat(outs, dim=1).index_select(1, perm)
+
+    def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
+        """Pooled embeddings per feature name, each ``[B, D_f]`` (tables may differ in dim)."""
+        if sparse.keys != self.feature_names:
+            sparse = _select(sparse, self.feature_names)
+        out: dict[str, Tensor] = {}
+        for plan in self._plans:
+            pooled = self._group_forward(plan, sparse)  # [B, F_g, D]
+            for i, f in enumerate(plan.features):
+                out[self.feature_names[f]] = pooled[:, i]
+        return out
+
+    def _group_forward(self, plan: _GroupPlan, sparse: SparseFeatures) -> Tensor:  # -> [B, F_g, D]
+        b = sparse.batch_size
+        values, offsets, lengths = _group_inputs(sparse, plan.features)  # [N], [F_g*B+1], [F_g]
+        keys = values.numpy()
+        tabs = np.repeat(plan.feature_table, lengths)  # [N]
+        # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
+        ukeys, utabs, inverse = self._dedupe(keys, tabs)
+        rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+        train = self.training and torch.is_grad_enabled()
+        if self.use_fused_kernels and plan.group.device.type == "cpu":
+            off = offsets.numpy()
+            scale = bag_scale(off, plan.mean, b)
+            if train:
+                return _PoolFused.apply(self._anchor, plan.group, rows.numpy(), inverse, off, scale, b)
+            out = torch.empty(b, len(plan.features), plan.group.dim)
+            pool_forward(plan.group.weights.numpy(), rows.numpy(), inverse, off, scale, b, out.numpy())
+            return out
+        return self._group_forward_torch(plan, rows, inverse, offsets, b, train)
+
+    def _group_forward_torch(self, plan, rows, inverse, offsets, b, train) -> Tensor:
+        """Device-agnostic path (GPU): index_select of unique rows, then embedding_bag."""
+        if train:
+            emb = _Gather.apply(self._anchor, plan.group, rows.to(plan.group.device))  # [U, D]
+        else:
+            emb = _gather_frozen(plan.group, rows)
+        inv = torch.from_numpy(inverse).to(emb.device)
+        lengths = offsets[1:] - offsets[:-1]
+        weights = None
+        if plan.mean.any():
+            mean = torch.from_numpy(plan.mean).repeat_interleave(b)
+            scale = torch.where(mean, 1.0 / lengths.clamp(min=1).to(torch.float32), 1.0)
+            weights = scale.repeat_interleave(lengths).to(emb.device)
+        pooled = F.embedding_bag(
+            inv, emb, offsets.to(emb.device), mode="sum", per_sample_weights=weights, include_last_offset=True
+        )  # [F_g*B, D]
+        return pooled.view(len(plan.features), b, -1).transpose(0, 1)
+
+    # --------------------------------------------------------------- reports
+
+    def table_stats(self) -> dict[str, dict[str, int]]:
+        """Rows and bytes per table (a group's index and slack are shared by row count)."""
+        stats = {}
+        for g in self.groups:
+            counts = g.rows_per_table()
+            total = max(int(counts.sum()), 1)
+            nbytes = g.nbytes()
+            for t, n in zip(g.tables, counts):
+                stats[t.name] = {"rows": int(n), "bytes": int(nbytes * int(n) / total)}
+        return stats
+
+    def num_rows(self) -> int:
+        return sum(g.num_rows for g in self.groups)
+
+    def nbytes(self) -> int:
+        return sum(g.nbytes() for g in self.groups)
+
+    # ----------------------------------------------------------------- state
+
+    def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]
+        """Plain tensors only: ``{table}.ids``, ``{table}.weights``, ``{table}.opt.*``, ``group{i}.step``."""
+        sd: dict[str, Tensor] = {}
+        for gi, g in enumerate(self.groups):
+            sd[f"group{gi}.step"] = torch.tensor(g.step, dtype=torch.int64)
+            for ti, t in enumerate(g.tables):
+                for k, v in g.table_state(ti).items():
+                    sd[f"{t.name}.{k}"] = v
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Tensor], strict: bool = True) -> None:  # type: ignore[override]
+        for gi, g in enumerate(self.groups):
+            g.step = int(sd[f"group{gi}.step"])
+            for ti, t in enumerate(g.tables):
+                prefix = f"{t.name}."
+                part = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+                if not part:
+                    if strict:
+                        raise KeyError(f"state dict has no rows for table {t.name!r}")
+                    continue
+                g.load_table_state(ti, part)
+
+
+def _gather_frozen(group: TableGroup, rows: Tensor) -> Tensor:
+    """Rows for evaluation: unknown ids (row -1) read as zeros."""
+    rows = rows.to(group.device)
+    emb = group.weights.index_select(0, rows.clamp(min=0))
+    missing = rows < 0
+    if bool(missing.any()):
+        emb[missing] = 0.0
+    return emb
+
+
+def _group_inputs(sparse: SparseFeatures, features: tuple[int, ...]) -> tuple[Tensor, Tensor, np.ndarray]:
+    """Values, offsets and per-feature id counts of a subset of features, packed."""
+    b = sparse.batch_size
+    n_feat = len(sparse.keys)
+    if features == tuple(range(n_feat)):
+        lengths = sparse.offsets[b :: b] - sparse.offsets[: -1 : b]  # [F]
+        return sparse.values, sparse.offsets, lengths.numpy()
+    vals, offs, lens = [], [torch.zeros(1, dtype=torch.int64)], []
+    base = 0
+    for f in features:
+        o = sparse.offsets[f * b : (f + 1) * b + 1]
+        vals.append(sparse.values[o[0] : o[-1]])
+        offs.append(o[1:] - o[0] + base)
+        n = int(o[-1] - o[0])
+        lens.append(n)
+        base += n
+    return torch.cat(vals), torch.cat(offs), np.array(lens, dtype=np.int64)
+
+
+def _select(sparse: SparseFeatures, names: tuple[str, ...]) -> SparseFeatures:
+    """Reorder / subset a batch's features to ``names``."""
+    return SparseFeatures.from_jagged({n: sparse[n] for n in names})

@@ -1,0 +1,124 @@
+"""TableGroup: the physical store of tables that share dim and optimizer.
+
+Like a table-batched kernel, one group holds the rows of many logical tables
+in one weight tensor behind one HashIndex keyed by (table, id), so a batch
+costs one dedupe, one lookup and one update for all of them, not one per table.
+
+>>> import numpy as np, torch
+>>> from tierec.embedding.table import TableConfig
+>>> from tierec.embedding.group import TableGroup
+>>> g = TableGroup([TableConfig(name="t", dim=4, features=["f"])], seed=0)
+>>> rows = g.lookup(np.array([5, 6], dtype=np.int64), np.zeros(2, dtype=np.int32), insert=True)
+>>> g.weights.index_select(0, rows).shape
+torch.Size([2, 4])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tierec.embedding import kernels
+from tierec.embedding.hash_index import HashIndex
+from tierec.embedding.optimizers import apply_update, new_state
+from tierec.embedding.table import TableConfig
+
+
+class TableGroup:
+    def __init__(self, tables: list[TableConfig], seed: int = 0, device: torch.device | str = "cpu") -> None:
+        keys = {t.group_key() for t in tables}
+        if len(keys) != 1:
+            raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
+        self.tables = tables
+        self.dim = tables[0].dim
+        self.optimizer = tables[0].optimizer
+        self.seed = seed
+        self.device = torch.device(device)
+        self.index = HashIndex()
+        self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
+        self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
+        self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
+        self.step = 0  # updates applied (Adam's bias correction)
+
+    @property
+    def num_rows(self) -> int:
+        return self.index.num_rows
+
+    # ------------------------------------------------------------------ rows
+
+    def _grow_storage(self) -> None:
+        cap, old = self.index.row_capacity, self.weights.shape[0]
+        if cap <= old:
+            return
+        w = torch.empty(cap, self.dim, device=self.device)
+        w[:old].copy_(self.weights)
+        self.weights = w
+        fresh = new_state(self.optimizer, cap, self.dim, self.device)
+        for name, s in self.state.items():
+            fresh[name][:old].copy_(s)
+        self.state = fresh
+
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+        """Rows [U] int64 of unique (table, key) pairs; new ones are inserted and initialised.
+
+        Without ``insert`` an unknown pair gets row -1.
+        """
+        found = self.index.lookup(keys, tabs, insert)
+        if insert:
+            self._grow_storage()
+            if found.new.size:
+                self._init_rows(found.rows[found.new], keys[found.new], tabs[found.new])
+        return torch.from_numpy(found.rows)
+
+    def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self.device.type == "cpu":
+            kernels.init_rows(self.weights.numpy(), rows, keys, tabs.astype(np.int32), self.scales, self.seed)
+        else:
+            w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
+            kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
+            self.weights[torch.from_numpy(rows).to(self.device)] = torch.from_numpy(w).to(self.device)
+        # Optimizer state of a reused row number must start fresh as well.
+        r = torch.from_numpy(rows).to(self.device)
+        for name, t in new_state(self.optimizer, 1, self.dim, self.device).items():
+            self.state[name][r] = t
+
+    def update(self, rows: Tensor, grad: Tensor) -> None:
+        """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D]."""
+        self.step += 1
+        apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
+
+    # ----------------------------------------------------------- reporting
+
+    def rows_per_table(self) -> np.ndarray:  # [n_tables]
+        return self.index.rows_per_table(len(self.tables))
+
+    def bytes_per_row(self) -> int:  # bytes of weights plus optimizer state for one row
+        per = self.dim * 4
+        for t in self.state.values():
+            per += t[0].numel() * 4
+        return per
+
+    def nbytes(self) -> int:  # bytes allocated: weights, optimizer state, index
+        total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
+        return total + self.index.nbytes()
+
+    # ------------------------------------------------------------ state
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The rows of table ``t`` as plain tensors: ids [n], weights [n, D], state [n, ...]."""
+        rows, ids = self.index.ids_of(t)
+        r = torch.from_numpy(rows).to(self.device)
+        out = {"ids": torch.from_numpy(ids.copy()), "weights": self.weights.index_select(0, r).cpu()}
+        for name, s in self.state.items():
+            out[f"opt.{name}"] = s.index_select(0, r).cpu()
+        return out
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        ids = sd["ids"].numpy().astype(np.int64, copy=False)
+        tabs = np.full(ids.shape[0], t, dtype=np.int32)
+        rows = self.lookup(ids, tabs, insert=True).to(self.device)
+        self.weights[rows] = sd["weights"].to(self.device)
+        for name, s in self.state.items():
+            s[rows] = sd[f"opt.{name}"].to(self.device)

@@ -1,0 +1,123 @@
+"""HashIndex: a growing, collision-free map from (table, 64-bit id) to row number.
+
+Rows are numbered densely in insertion order, so a table's weights live in one
+contiguous ``[rows, dim]`` tensor. The map is open addressing with linear
+probing; a slot holds only an int32 row number and the key is confirmed
+against the row's own id, so the index costs about 12 bytes per row plus
+4 bytes per slot.
+
+>>> import numpy as np
+>>> from tierec.embedding.hash_index import HashIndex
+>>> idx = HashIndex()
+>>> r = idx.lookup(np.array([7, 9, 7], dtype=np.int64), np.zeros(3, dtype=np.int32), insert=True)
+>>> r.rows.tolist(), r.new.tolist()
+([0, 1, 0], [0, 1])
+>>> idx.num_rows
+2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tierec.embedding import kernels
+
+MAX_LOAD = 0.75
+
+
+@dataclass(frozen=True)
+class Lookup:
+    rows: np.ndarray  # [N] int64 row of each queried pair, -1 if absent
+    new: np.ndarray  # [n_new] int64 positions (into the query) of pairs inserted by this call
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(4, int(n - 1).bit_length())
+
+
+class HashIndex:
+    def __init__(self, initial_rows: int = 1024) -> None:
+        self.num_rows = 0
+        self.row_keys = np.zeros(initial_rows, dtype=np.int64)  # [R] id of each row
+        self.row_tabs = np.zeros(initial_rows, dtype=np.int16)  # [R] table of each row
+        self.slot_rows = np.full(_next_pow2(int(initial_rows / MAX_LOAD) + 1), -1, dtype=np.int32)  # [S]
+
+    @property
+    def row_capacity(self) -> int:
+        return self.row_keys.shape[0]
+
+    def nbytes(self) -> int:  # bytes
+        return self.row_keys.nbytes + self.row_tabs.nbytes + self.slot_rows.nbytes
+
+    def reserve(self, rows: int) -> bool:
+        """Make room for ``rows`` rows in total; True when row arrays were reallocated."""
+        grown = False
+        if rows > self.row_capacity:
+            cap = max(rows, int(self.row_capacity * 1.25) + 16)
+            self.row_keys = np.resize(self.row_keys, cap)
+            self.row_tabs = np.resize(self.row_tabs, cap)
+            grown = True
+        if rows > MAX_LOAD * self.slot_rows.shape[0]:
+            self.slot_rows = np.full(_next_pow2(int(rows / MAX_LOAD) + 1), -1, dtype=np.int32)
+            kernels.rebuild_slots(self.row_keys, self.row_tabs, self.num_rows, self.slot_rows)
+        return grown
+
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Lookup:
+        """Rows of unique (table, key) pairs; ``insert`` adds missing ones as new rows.
+
+        A parallel read-only probe finds the known pairs; only the missing ones
+        go through the sequential insert.
+        """
+        n = keys.shape[0]
+        rows = np.empty(n, dtype=np.int64)
+        kernels.find(keys, tabs, self.slot_rows, self.row_keys, self.row_tabs, rows)
+        if not insert:
+            return Lookup(rows=rows, new=np.empty(0, dtype=np.int64))
+        missing = np.flatnonzero(rows < 0)
+        if missing.size == 0:
+            return Lookup(rows=rows, new=missing)
+        self.reserve(self.num_rows + missing.size)
+        mkeys, mtabs = keys[missing], tabs[missing]
+        mrows = np.empty(missing.size, dtype=np.int64)
+        new = np.empty(missing.size, dtype=np.int64)
+        self.num_rows, n_new = kernels.lookup(
+            mkeys, mtabs, self.slot_rows, self.row_keys, self.row_tabs, mrows, True, self.num_rows, new
+        )
+        rows[missing] = mrows
+        return Lookup(rows=rows, new=missing[new[:n_new]])
+
+    def rows_per_table(self, n_tables: int) -> np.ndarray:  # [n_tables] int64
+        return np.bincount(self.row_tabs[: self.num_rows], minlength=n_tables)
+
+    def ids_of(self, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, ids) of one table, in row order."""
+        rows = np.flatnonzero(self.row_tabs[: self.num_rows] == table)
+        return rows, self.row_keys[rows]
+
+
+class Deduper:
+    """Per-batch deduplication of (table, id) pairs; reuses its scratch space across calls."""
+
+    def __init__(self) -> None:
+        self._size = 0
+        self._keys = np.empty(0, dtype=np.int64)
+        self._tabs = np.empty(0, dtype=np.int32)
+        self._pos = np.empty(0, dtype=np.int32)
+
+    def __call__(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(unique keys [U], their tables [U], inverse [N] int64) in first-seen order."""
+        n = keys.shape[0]
+        size = _next_pow2(2 * n + 1)
+        if size != self._size:
+            self._size = size
+            self._keys = np.empty(size, dtype=np.int64)
+            self._tabs = np.empty(size, dtype=np.int32)
+            self._pos = np.empty(size, dtype=np.int32)
+        self._pos.fill(-1)
+        out_keys = np.empty(n, dtype=np.int64)
+        out_tabs = np.empty(n, dtype=np.int32)
+        inverse = np.empty(n, dtype=np.int64)
+        u = kernels.dedupe(keys, tabs, self._keys, self._tabs, self._pos, out_keys, out_tabs, inverse)
+        return out_keys[:u], out_tabs[:u], inverse

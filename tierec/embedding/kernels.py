@@ -1,0 +1,144 @@
+"""Numba kernels for the CPU hot path: id hashing, dedupe + index lookup, row init.
+
+These are the loops torch cannot vectorise (an open-addressing hash map). They
+work on numpy views of torch CPU tensors, so no copy is made. Every kernel has
+a plain reference in the tests.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+EMPTY = np.int32(-1)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@nb.njit(inline="always", cache=True)
+def mix64(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser: a bijective, well-mixed 64-bit hash."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+@nb.njit(inline="always", cache=True)
+def key_hash(table: np.int32, key: np.int64) -> np.uint64:
+    return mix64(np.uint64(key) ^ (np.uint64(table + 1) * _GOLDEN))
+
+
+@nb.njit(cache=True)
+def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_tabs, inverse):
+    """Unique (table, key) pairs in first-seen order, and each input's position among them.
+
+    keys [N] int64, tabs [N] int32; scratch_* have a power-of-two size >= 2N and
+    scratch_pos must be filled with -1. Returns the number of unique pairs U;
+    out_keys[:U], out_tabs[:U] hold them and inverse [N] maps input -> unique.
+    """
+    mask = np.uint64(scratch_pos.shape[0] - 1)
+    u = 0
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        t = tabs[i]
+        s = key_hash(t, k) & mask
+        while True:
+            p = scratch_pos[s]
+            if p == -1:
+                scratch_pos[s] = u
+                scratch_keys[s] = k
+                scratch_tabs[s] = t
+                out_keys[u] = k
+                out_tabs[u] = t
+                inverse[i] = u
+                u += 1
+                break
+            if scratch_keys[s] == k and scratch_tabs[s] == t:
+                inverse[i] = p
+                break
+            s = (s + np.uint64(1)) & mask
+    return u
+
+
+@nb.njit(cache=True)
+def lookup(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, new_out):
+    """Find the row of each unique (table, key); with ``insert`` add missing ones.
+
+    slot_rows [S] int32 is an open-addressing map onto rows (S a power of two,
+    -1 when empty); a slot holds only a row number, and the row's own key
+    (row_keys [R] int64) and table (row_tabs [R] int16) confirm a match, which
+    keeps the index at a few bytes per row. Missing pairs get row -1 without
+    ``insert``, else rows n_rows, n_rows+1, ... and their positions in ``keys``
+    are listed in new_out. Returns (n_rows, n_new).
+    """
+    mask = np.uint64(slot_rows.shape[0] - 1)
+    n_new = 0
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        t = tabs[i]
+        s = key_hash(t, k) & mask
+        while True:
+            r = slot_rows[s]
+            if r == -1:
+                if insert:
+                    slot_rows[s] = n_rows
+                    row_keys[n_rows] = k
+                    row_tabs[n_rows] = t
+                    rows_out[i] = n_rows
+                    new_out[n_new] = i
+                    n_new += 1
+                    n_rows += 1
+                else:
+                    rows_out[i] = -1
+                break
+            if row_keys[r] == k and row_tabs[r] == t:
+                rows_out[i] = r
+                break
+            s = (s + np.uint64(1)) & mask
+    return n_rows, n_new
+
+
+@nb.njit(cache=True)
+def rebuild_slots(row_keys, row_tabs, n_rows, slot_rows):
+    """Re-insert rows 0..n_rows-1 into an all-empty slot array (after growth)."""
+    mask = np.uint64(slot_rows.shape[0] - 1)
+    for r in range(n_rows):
+        s = key_hash(np.int32(row_tabs[r]), row_keys[r]) & mask
+        while slot_rows[s] != -1:
+            s = (s + np.uint64(1)) & mask
+        slot_rows[s] = r
+
+
+@nb.njit(parallel=True, cache=True)
+def init_rows(weights, rows, keys, tabs, scales, seed):
+    """Deterministic uniform(-scale, scale) init of each new row from (seed, table, key, column).
+
+    The value depends only on the id, never on insertion order or process, so
+    a sharded or resumed run initialises the same rows identically.
+    weights [R, D] float32; rows/keys/tabs [n]; scales [n_tables] float32.
+    """
+    d = weights.shape[1]
+    inv = 1.0 / 9007199254740992.0  # 2**-53
+    for i in nb.prange(rows.shape[0]):
+        h = key_hash(tabs[i], keys[i]) ^ mix64(np.uint64(seed) + _GOLDEN)
+        s = scales[tabs[i]]
+        for j in range(d):
+            x = mix64(h + np.uint64(j + 1) * _GOLDEN)
+            u = np.float64(x >> np.uint64(11)) * inv  # [0, 1)
+            weights[rows[i], j] = np.float32((2.0 * u - 1.0) * s)
+
+
+@nb.njit(parallel=True, cache=True)
+def find(keys, tabs, slot_rows, row_keys, row_tabs, rows_out):
+    """Read-only, parallel lookup: the row of each (table, key), or -1 when absent."""
+    mask = np.uint64(slot_rows.shape[0] - 1)
+    for i in nb.prange(keys.shape[0]):
+        k = keys[i]
+        t = tabs[i]
+        s = key_hash(t, k) & mask
+        r = slot_rows[s]
+        while r != -1 and not (row_keys[r] == k and row_tabs[r] == t):
+            s = (s + np.uint64(1)) & mask
+            r = slot_rows[s]
+        rows_out[i] = r

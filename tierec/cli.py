@@ -1,0 +1,186 @@
+"""The ``tierec`` command line: one function per command.
+
+    tierec train [--config FILE] [--set section.key=value ...] [--run-dir DIR] [--resume]
+    tierec eval CHECKPOINT [--data FILE] [--split test|all]
+    tierec predict CHECKPOINT --data FILE --out FILE
+    tierec preprocess [--config FILE] [--set ...] --out DIR
+    tierec bench [benchmark options]
+
+Configuration problems, bad data files and unreadable checkpoints are reported
+as one line on stderr with exit status 2, not as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tierec.config import Config, ConfigError, from_dict, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (defaults: the built-in synthetic DLRM job)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value, e.g. --set model.name=deepfm (repeatable; values parsed as TOML)",
+    )
+    p.add_argument("--strict", action="store_true", help="treat a malformed data row as an error instead of skipping it")
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    if args.strict:
+        overrides.append("data.strict=true")
+    return load_config(args.config, overrides)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+# --------------------------------------------------------------------- commands
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from tierec.train.trainer import Trainer
+
+    cfg = _config(args)
+    run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.progress:
+        cfg.train.progress = False
+    summary = Trainer(cfg, run_dir, resume=args.resume).fit()
+    print()
+    print(f"test AUC        {summary['test_auc']:.4f}")
+    if "planted_auc" in summary:
+        print(f"planted AUC     {summary['planted_auc']:.4f}  (the generator's own model on the same rows)")
+    print(f"test logloss    {summary['test_logloss']:.4f}")
+    print(f"samples/s       {summary['train_samples_per_s']:,.0f}  (training steps, {summary['steps']} steps)")
+    print(f"embedding rows  {summary['embedding_rows']:,}  ({_human_bytes(summary['embedding_bytes'])})")
+    print(f"peak memory     {_human_bytes(summary['peak_memory_bytes'])}")
+    print(f"run directory   {summary['run_dir']}")
+    return 0
+
+
+def _restore(checkpoint: str, data: str | None, overrides: list[str]):
+    from tierec.config import apply_override
+    from tierec.data import open_source
+    from tierec.train.checkpoint import load_checkpoint
+    from tierec.train.components import Components
+    from tierec.train.state import restore_state
+
+    tensors, meta = load_checkpoint(checkpoint)
+    cfg_dict = meta["config"]
+    for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
+        apply_override(cfg_dict, o)
+    cfg: Config = from_dict(Config, cfg_dict)
+    probe = open_source(cfg.data, "train", cfg.train.batch_size)
+    parts = Components.build(cfg, probe.feature_names, probe.n_dense)
+    restore_state(parts, tensors, meta["state"])
+    return cfg, parts
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tierec.train.evaluate import evaluate
+
+    cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    result = evaluate(cfg, parts, split=args.split)
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from tierec.train.evaluate import predict
+
+    cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    n = predict(cfg, parts, args.split, args.out)
+    print(f"wrote {n} scores to {args.out}")
+    return 0
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from tierec.data.shards import preprocess
+
+    cfg = _config(args)
+    manifest = preprocess(cfg.data, Path(args.out), rows_per_shard=args.rows_per_shard, progress=True)
+    print(json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2, default=str))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from benchmarks.run import main as bench_main
+
+    return bench_main(rest)
+
+
+# ------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (default: DLRM on built-in synthetic Criteo-shaped data)")
+    _add_config_args(p)
+    p.add_argument("--run-dir", metavar="DIR", help="where config, metrics, checkpoints and summary go (default runs/<time>)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    for name, helptext in (("eval", "evaluate a checkpoint"), ("predict", "write a score for every row of a data file")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("checkpoint", help="a checkpoint directory, or a run's checkpoints/ directory (its latest)")
+        p.add_argument("--data", metavar="FILE", help="data file or shard directory (default: the run's own data)")
+        p.add_argument(
+            "--split", choices=["test", "train", "all"], default="all" if name == "predict" else "test",
+            help="which rows of the data (all = every row of the file)",
+        )
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a value of the checkpoint's config (e.g. data.schema...)")
+        if name == "predict":
+            p.add_argument("--out", required=True, metavar="FILE", help="output: .parquet (score, label) or text (one score per line)")
+        p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)
+
+    p = sub.add_parser("preprocess", help="convert a data source into binary shards that stream fast")
+    _add_config_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest")
+    p.add_argument("--rows-per-shard", type=int, default=1_000_000, metavar="N")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch, FBGEMM and TorchRec", add_help=False)
+    p.set_defaults(func=cmd_bench, passthrough=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tierec.data.errors import DataError
+    from tierec.train.checkpoint import CheckpointError
+
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if getattr(args, "passthrough", False):
+            return args.func(args, rest)
+        return args.func(args)
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
+        print(f"tierec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tierec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The trainable parts of a run, built from a Config: embeddings, model, dense optimizer.
+
+Kept apart from the loop so that ``tierec eval`` and ``tierec predict`` build
+exactly what ``tierec train`` saved.
+
+>>> from tierec.config import load_config
+>>> from tierec.train.components import Components
+>>> c = Components.build(load_config(None, ["embedding.dim=4"]), [f"C{i}" for i in range(3)], n_dense=2)
+>>> type(c.model).__name__, c.wide is None
+('DLRM', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tierec.batch import Batch
+from tierec.config import Config, EmbeddingConfig
+from tierec.embedding import EmbeddingCollection, tables_from_config
+from tierec.models import CTRModel, build_model, model_class
+
+# First-order (dim-1) tables start near zero, like a logistic regression.
+WIDE_INIT_SCALE = 1e-3
+
+
+@dataclass
+class Components:
+    embeddings: EmbeddingCollection
+    wide: EmbeddingCollection | None
+    model: CTRModel
+    optimizer: torch.optim.Optimizer
+
+    @staticmethod
+    def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
+        seed, device = cfg.train.seed, cfg.train.device
+        torch.manual_seed(seed)
+        emb = EmbeddingCollection(tables_from_config(cfg.embedding, feature_names), feature_names, seed=seed, device=device)
+        wide = None
+        if model_class(cfg.model.name).uses_wide:
+            wide_cfg: EmbeddingConfig = dataclasses.replace(cfg.embedding, init_scale=WIDE_INIT_SCALE)
+            wide = EmbeddingCollection(
+                tables_from_config(wide_cfg, feature_names, dim=1, suffix=".wide"),
+                feature_names,
+                seed=seed + 1,
+                device=device,
+            )
+        dims = set(emb.dims)
+        if len(dims) != 1:
+            raise ValueError(f"the models need one embedding dim for all features, got {sorted(dims)}")
+        model = build_model(cfg.model, n_dense=n_dense, n_sparse=len(feature_names), dim=dims.pop()).to(device)
+        return Components(emb, wide, model, _dense_optimizer(cfg, model))
+
+    def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
+        emb = self.embeddings(batch.sparse)  # [B, F, D]
+        wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None  # [B, F]
+        return self.model(batch.dense, emb, wide)
+
+    def train(self, mode: bool = True) -> None:
+        for m in self.modules():
+            m.train(mode)
+
+    def modules(self) -> list[nn.Module]:
+        return [m for m in (self.embeddings, self.wide, self.model) if m is not None]
+
+    def embedding_rows(self) -> int:
+        return sum(m.num_rows() for m in (self.embeddings, self.wide) if m is not None)
+
+    def embedding_bytes(self) -> int:  # bytes allocated by tables, optimizer state and indexes
+        return sum(m.nbytes() for m in (self.embeddings, self.wide) if m is not None)
+
+
+def _dense_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    params, lr = model.parameters(), cfg.train.dense_lr
+    if cfg.train.dense_optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if cfg.train.dense_optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr)

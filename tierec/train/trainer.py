@@ -1,0 +1,186 @@
+"""The training loop: load, loop over steps, evaluate, save.
+
+A run directory holds ``config.toml`` (the resolved config), ``metrics.jsonl``
+(one JSON object per line: train, eval and final records), ``checkpoints/``
+and ``summary.json``. ``resume=True`` continues from the newest checkpoint and
+ends with the same weights as an uninterrupted run: the data order is a pure
+function of (seed, epoch, batch), and every piece of state (embedding rows and
+optimizer state, dense model and optimizer, RNG) is in the checkpoint.
+
+>>> from tierec.config import load_config
+>>> from tierec.train.trainer import Trainer
+>>> cfg = load_config(None, ["data.synthetic.train_rows=4096", "data.synthetic.test_rows=1024",
+...                          "train.batch_size=1024", "train.progress=false"])
+>>> import tempfile; summary = Trainer(cfg, tempfile.mkdtemp()).fit()
+>>> summary["steps"]
+4
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from tierec.batch import Batch
+from tierec.config import Config, to_dict
+from tierec.data import BackgroundLoader, open_source
+from tierec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tierec.train.components import Components
+from tierec.train.evaluate import evaluate, planted_auc
+from tierec.train.state import restore_state, snapshot_state
+from tomli_w import dumps as dump_toml
+
+
+@dataclass
+class Position:
+    """Where the loop is: global step, epoch, and batches done within the epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+class MetricsLog:
+    """Append-only JSON lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def peak_memory_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
+
+
+class Trainer:
+    def __init__(
+        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.echo = echo
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
+        log = MetricsLog(self.run_dir / "metrics.jsonl")
+        ckpt_dir = self.run_dir / "checkpoints"
+
+        # 1. data and model
+        probe = open_source(cfg.data, "train", cfg.train.batch_size)
+        parts = Components.build(cfg, probe.feature_names, probe.n_dense)
+        pos = Position()
+        if self.resume:
+            pos = self._load(parts, ckpt_dir)
+        total = self._total_steps(probe)
+
+        # 2. loop over steps
+        bar = tqdm(total=total, initial=pos.step, disable=not cfg.train.progress, unit="step", dynamic_ncols=True)
+        samples, busy, last_loss = 0, 0.0, float("nan")
+        done = pos.step >= total
+        while not done:
+            source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch)
+            with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
+                for batch in loader:
+                    t0 = time.perf_counter()
+                    last_loss = self._step(parts, batch)
+                    busy += time.perf_counter() - t0
+                    samples += batch.size
+                    pos.step += 1
+                    pos.batch_in_epoch += 1
+                    rate = samples / max(busy, 1e-9)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows())
+                    if pos.step % 50 == 0 or pos.step == total:
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate})
+                    if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
+                        self._eval(parts, log, pos, bar)
+                    if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
+                        self._save(parts, ckpt_dir, pos)
+                    if pos.step >= total:
+                        done = True
+                        break
+            if not done:
+                pos.epoch += 1
+                pos.batch_in_epoch = 0
+        bar.close()
+
+        # 3. evaluate and save
+        result = self._eval(parts, log, pos, None)
+        self._save(parts, ckpt_dir, pos)
+        summary = {
+            "steps": pos.step,
+            "test_auc": result["auc"],
+            "test_logloss": result["logloss"],
+            "test_rows": result["rows"],
+            "train_samples_per_s": samples / busy if busy else float("nan"),
+            "final_train_loss": last_loss,
+            "embedding_rows": parts.embedding_rows(),
+            "embedding_bytes": parts.embedding_bytes(),
+            "peak_memory_bytes": peak_memory_bytes(),
+            "run_dir": str(self.run_dir),
+        }
+        if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
+            summary["planted_auc"] = planted_auc(cfg, result["rows"])
+        log.write({"kind": "final", **summary})
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    # ------------------------------------------------------------- pieces
+
+    def _step(self, parts: Components, batch: Batch) -> float:
+        parts.train(True)
+        batch = batch.to(self.cfg.train.device)
+        logits = parts.forward(batch)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        parts.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # embedding rows are updated here, by their fused optimizers
+        parts.optimizer.step()
+        return float(loss)
+
+    def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> dict[str, float]:
+        result = evaluate(self.cfg, parts)
+        log.write({"kind": "eval", "step": pos.step, **result})
+        line = f"step {pos.step}: test auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
+        (bar.write if bar is not None else self.echo)(line)
+        return result
+
+    def _total_steps(self, probe) -> int:
+        t = self.cfg.train
+        if t.max_steps:
+            return t.max_steps
+        if probe.num_batches is None:
+            raise ValueError("the training data's length is unknown; set train.max_steps")
+        return probe.num_batches * t.epochs
+
+    def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
+        tensors, skeleton = snapshot_state(parts)
+        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
+        save_checkpoint(ckpt_dir, pos.step, tensors, meta)
+
+    def _load(self, parts: Components, ckpt_dir: Path) -> Position:
+        if latest_checkpoint(ckpt_dir) is None:
+            self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
+            return Position()
+        tensors, meta = load_checkpoint(ckpt_dir)
+        restore_state(parts, tensors, meta["state"])
+        pos = Position(**meta["position"])
+        self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
+        return pos

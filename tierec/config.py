@@ -62,10 +62,27 @@ class SchemaConfig:
     header: bool = True  # CSV/TSV: first line names the columns
     # Column names when the file has no header line (in file order).
     columns: list[str] = field(default_factory=list)
+    # "criteo": label, I1..I13, C1..C26 with hex ids and log1p dense (then leave dense/categorical empty).
+    preset: str = ""
+    dense_transform: str = ""  # "none" | "log1p"; "" = log1p for the criteo preset, else none
+    categorical_encoding: str = ""  # "hash" | "hex"; "" = hex for the criteo preset, else hash
+    delimiter: str = ""  # CSV/TSV field delimiter; "" = from the format ("," for csv, tab for tsv)
 
     def __post_init__(self) -> None:
+        if self.preset not in {"", "criteo"}:
+            raise ConfigError(f"schema.preset {self.preset!r} is not one of '', 'criteo'")
+        if self.preset and (self.dense or self.categorical):
+            raise ConfigError("schema.preset sets the dense and categorical columns; leave schema.dense/categorical empty")
+        if self.dense_transform not in {"", "none", "log1p"}:
+            raise ConfigError(f"schema.dense_transform {self.dense_transform!r} is not one of none, log1p")
+        if self.categorical_encoding not in {"", "hash", "hex"}:
+            raise ConfigError(f"schema.categorical_encoding {self.categorical_encoding!r} is not one of hash, hex")
+        if len(self.delimiter) > 1:
+            raise ConfigError(f"schema.delimiter must be one character, got {self.delimiter!r}")
+        if not self.separator:
+            raise ConfigError("schema.separator must not be empty")
         missing = [c for c in self.multi_valued if c not in self.categorical]
-        if missing:
+        if missing and not self.preset:  # a preset's columns are checked when the schema is resolved
             raise ConfigError(f"schema.multi_valued names columns that are not categorical: {missing}")
 
 

@@ -4,7 +4,8 @@ The forward reads each id's row straight from the table and sums it into the
 sample's output slot ``out[b, f, :]``: no ``[U, D]`` copy of the unique rows
 and no ``[B, F, D]`` reshuffle afterwards. The backward reduces the output
 gradient onto the unique rows; it splits the columns between threads, so no
-two threads ever add into the same element and no atomics are needed.
+two threads ever add into the same element and no atomics are needed. The
+optimizer then updates the unique rows (optimizers.py).
 """
 
 from __future__ import annotations

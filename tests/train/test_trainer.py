@@ -1,0 +1,94 @@
+"""End-to-end training: metrics files, exact resume, eval/predict, the CLI's error handling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tierec.cli import main
+from tierec.config import load_config
+from tierec.train.checkpoint import load_checkpoint
+from tierec.train.trainer import Trainer
+
+SMALL = [
+    "data.synthetic.train_rows=6144",
+    "data.synthetic.test_rows=2048",
+    "data.synthetic.cardinality_scale=0.001",
+    "train.batch_size=512",
+    "train.progress=false",
+    "embedding.dim=8",
+]
+
+
+def _final_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
+    tensors, _ = load_checkpoint(run_dir / "checkpoints")
+    return tensors
+
+
+@pytest.mark.parametrize("model", ["dlrm", "deepfm"])
+def test_resume_gives_the_uninterrupted_weights(tmp_path: Path, model: str) -> None:
+    over = SMALL + [f"model.name={model}", "model.dropout=0.1", "embedding.optimizer.kind=adam"]
+    full = Trainer(load_config(None, over), tmp_path / "full").fit()
+    # stop after 5 of 12 steps (checkpoint at 5), then resume to the end
+    Trainer(load_config(None, over + ["train.max_steps=5"]), tmp_path / "part").fit()
+    resumed = Trainer(load_config(None, over), tmp_path / "part", resume=True).fit()
+    assert full["steps"] == resumed["steps"] == 12
+    a, b = _final_tensors(tmp_path / "full"), _final_tensors(tmp_path / "part")
+    assert a.keys() == b.keys()
+    for k in a:
+        if k.startswith("rng."):
+            continue
+        assert torch.equal(a[k], b[k]), k
+    assert full["test_auc"] == resumed["test_auc"]
+
+
+def test_run_directory_contents(tmp_path: Path) -> None:
+    over = SMALL + ["train.eval_every=4", "train.checkpoint_every=6"]
+    summary = Trainer(load_config(None, over), tmp_path).fit()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("eval") == 3 and kinds[-1] == "final"  # steps 4, 8 and the end
+    assert (tmp_path / "config.toml").is_file()
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == summary["steps"] == 12
+    assert 0.5 < summary["test_auc"] <= 1.0 and summary["planted_auc"] > 0.5
+    assert summary["embedding_rows"] > 0 and summary["peak_memory_bytes"] > 0
+
+
+def test_cli_train_eval_predict(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    args = ["train", "--run-dir", str(run), "--no-progress"]
+    for o in SMALL:
+        args += ["--set", o]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "test AUC" in out and "peak memory" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert main(["eval", str(run / "checkpoints")]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
+    scores = tmp_path / "scores.txt"
+    assert main(["predict", str(run / "checkpoints"), "--split", "test", "--out", str(scores)]) == 0
+    values = [float(x) for x in scores.read_text().split()]
+    assert len(values) == 2048 and all(0.0 < v < 1.0 for v in values)
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["train", "--set", "train.bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.bogus" in err
+    assert main(["train", "--set", f"data.source={tmp_path / 'missing.csv'}", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.csv" in err
+    assert main(["eval", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_every_command_has_help(capsys) -> None:
+    for cmd in (["--help"], ["train", "--help"], ["eval", "--help"], ["predict", "--help"], ["preprocess", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(cmd)
+        assert e.value.code == 0
+        assert "usage:" in capsys.readouterr().out

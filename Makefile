@@ -21,15 +21,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# Peer systems for benchmarks: fbgemm-gpu-cpu, then torchrec without its deps
-# (otherwise pip pulls the CUDA fbgemm-gpu and the import breaks).
+# Peer systems for benchmarks: fbgemm-gpu-cpu and torchrec's pure-Python deps
+# (the `bench` extra), then torchrec without its deps (otherwise pip pulls the
+# CUDA fbgemm-gpu and the import breaks). Checks that no other torch came in.
 bench-deps: $(STAMP)
 	$(BIN)/pip install -e '.[dev,bench]'
 	$(BIN)/pip install --no-deps 'torchrec==1.8.0'
-	$(BIN)/pip install 'tensordict' 'iopath' 'pyre-extensions' 'typing-inspect' || true
+	$(BIN)/python -c "import torch, fbgemm_gpu, torchrec; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 
+# The headline engine comparison (docs/performance.md lists the full set of runs).
 bench: bench-deps
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run --which all --out runs/bench/bench.json
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

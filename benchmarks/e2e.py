@@ -1,0 +1,234 @@
+"""END-TO-END comparison: DLRM training steps, then test AUC on a held-out set.
+
+The dense model is the same class for every system (tierec's DLRM from
+``build_model``, seeded identically) trained with Adam; only the embedding
+side differs:
+
+- tierec: EmbeddingCollection, fused row-wise Adagrad, raw 64-bit keys;
+- torchrec: FusedEmbeddingBagCollection over FBGEMM, fused RowWiseAdagrad;
+- torch: nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad
+  (element-wise: torch has no row-wise Adagrad).
+
+Every system sees the same batches in the same order: a short untimed warm-up,
+then ``repeats`` timed chunks of ``steps`` fresh batches (a stream, no epochs).
+
+>>> from benchmarks.e2e import run_e2e
+>>> from benchmarks.workload import Workload
+>>> res = run_e2e(Workload(tables=3, rows=100, dim=4, batch=16, steps=2), ["tierec", "torch"], 2, test_batches=2)
+>>> [r["system"] for r in res["rows"]]
+['tierec', 'torch']
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from benchmarks.report import markdown_table
+from benchmarks.synthetic import N_DENSE, CTRBatch, make_ctr_batches
+from benchmarks.systems import (
+    Missing,
+    PeerMissing,
+    _init_uniform,
+    per_table_inputs,
+    tierec_collection,
+    tierec_features,
+    torchrec_fused_ebc,
+    torchrec_kjt,
+)
+from benchmarks.timing import alternate, median, spread
+from benchmarks.workload import Workload
+
+WARMUP_STEPS = 2
+DENSE_LR = 1e-3
+
+
+def auc(scores: Tensor, labels: Tensor) -> float:
+    try:
+        from tierec.train.metrics import auc as tierec_auc
+    except ImportError:  # pragma: no cover - metrics landed before the benchmarks
+        from sklearn.metrics import roc_auc_score
+
+        return float(roc_auc_score(labels.numpy(), scores.numpy()))
+    return tierec_auc(scores, labels)
+
+
+def dense_model(w: Workload, seed: int) -> nn.Module:
+    from tierec.config import ModelConfig
+    from tierec.models import build_model
+
+    torch.manual_seed(seed)  # identical dense init for every system
+    return build_model(ModelConfig(name="dlrm"), n_dense=N_DENSE, n_sparse=w.tables, dim=w.dim)
+
+
+class _Trainer:
+    name = ""
+    status = "ok"
+
+    def __init__(self, w: Workload) -> None:
+        self.w = w
+        self.model = dense_model(w, w.seed)
+        self.dense_opt = torch.optim.Adam(self.model.parameters(), lr=DENSE_LR)
+        self.losses: list[float] = []
+
+    def embed(self, b: CTRBatch) -> Tensor:  # [B, T, D]
+        raise NotImplementedError
+
+    def sparse_step(self) -> None:
+        """Peers with a separate (non-fused) sparse optimizer step it here."""
+
+    def step(self, b: CTRBatch) -> None:
+        logits = self.model(b.dense, self.embed(b), None)
+        loss = F.binary_cross_entropy_with_logits(logits, b.labels)
+        self.dense_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.dense_opt.step()
+        self.sparse_step()
+        self.losses.append(float(loss.detach()))
+
+    @torch.no_grad()
+    def predict(self, b: CTRBatch) -> Tensor:  # [B] logits
+        self.model.eval()
+        try:
+            return self.model(b.dense, self.embed(b), None)
+        finally:
+            self.model.train()
+
+
+class TierecTrainer(_Trainer):
+    name = "tierec"
+
+    def __init__(self, w: Workload) -> None:
+        super().__init__(w)
+        self.coll = tierec_collection(w)
+
+    def embed(self, b: CTRBatch) -> Tensor:
+        return self.coll(tierec_features(self.w, b.ids))
+
+    @torch.no_grad()
+    def predict(self, b: CTRBatch) -> Tensor:
+        self.coll.eval()  # unknown ids read as zeros, nothing inserted
+        try:
+            return super().predict(b)
+        finally:
+            self.coll.train()
+
+
+class TorchrecTrainer(_Trainer):
+    name = "torchrec"
+
+    def __init__(self, w: Workload) -> None:
+        super().__init__(w)
+        self.ebc = torchrec_fused_ebc(w)
+
+    def embed(self, b: CTRBatch) -> Tensor:
+        return self.ebc(torchrec_kjt(self.w, b.ids)).values().view(self.w.batch, self.w.tables, self.w.dim)
+
+
+class TorchTrainer(_Trainer):
+    name = "torch"
+
+    def __init__(self, w: Workload) -> None:
+        super().__init__(w)
+        self.bags = nn.ModuleList(nn.EmbeddingBag(w.rows, w.dim, mode="sum", sparse=True) for _ in range(w.tables))
+        with torch.no_grad():
+            for t, bag in enumerate(self.bags):
+                _init_uniform(bag.weight, w.dim, t)
+        self.sparse_opt = torch.optim.Adagrad(self.bags.parameters(), lr=w.lr, eps=w.eps)
+
+    def embed(self, b: CTRBatch) -> Tensor:
+        return torch.stack([bag(v, o) for bag, (v, o) in zip(self.bags, per_table_inputs(self.w, b.ids))], dim=1)
+
+    def sparse_step(self) -> None:
+        self.sparse_opt.step()
+        self.sparse_opt.zero_grad(set_to_none=True)
+
+
+TRAINERS = {"tierec": TierecTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
+
+
+def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16) -> dict:
+    unknown = [s for s in systems if s not in TRAINERS]
+    if unknown:
+        raise ValueError(f"unknown e2e systems {unknown}; choose from {list(TRAINERS)}")
+    train = make_ctr_batches(w, WARMUP_STEPS + repeats * w.steps, seed_offset=0)
+    test = make_ctr_batches(w, test_batches, seed_offset=1)
+    built = []
+    for name in systems:
+        try:
+            built.append(TRAINERS[name](w))
+        except PeerMissing as e:
+            built.append(Missing(name, str(e)))
+    ready = [s for s in built if not isinstance(s, Missing)]
+    for s in ready:
+        for b in train[:WARMUP_STEPS]:
+            s.step(b)
+
+    def work(s, r: int) -> None:
+        start = WARMUP_STEPS + r * w.steps
+        for b in train[start : start + w.steps]:
+            s.step(b)
+
+    times = alternate(ready, repeats, work)
+    labels = torch.cat([b.labels for b in test])
+    rows = []
+    ref = None
+    for s in built:
+        if isinstance(s, Missing):
+            rows.append({"system": s.name, "status": "missing", "error": s.error})
+            continue
+        scores = torch.cat([s.predict(b) for b in test])
+        t = median(times[s.name])
+        row = {
+            "system": s.name,
+            "status": "ok",
+            "times_s": times[s.name],
+            "median_s": t,
+            "spread": spread(times[s.name]),
+            "samples_per_s": w.steps * w.batch / t,
+            "test_auc": auc(scores, labels),
+            "train_loss_last_repeat": sum(s.losses[-w.steps :]) / w.steps,
+            "train_steps": len(s.losses),
+        }
+        rows.append(row)
+        if s.name == "tierec":
+            ref = row
+    for row in rows:
+        if ref is not None and row["status"] == "ok":
+            row["tierec_speedup"] = row["median_s"] / ref["median_s"]
+            row["auc_minus_tierec"] = row["test_auc"] - ref["test_auc"]
+    return {
+        "workload": w.as_dict(),
+        "repeats": repeats,
+        "test_rows": int(labels.numel()),
+        "test_positive_rate": float(labels.mean()),
+        "dense_optimizer": f"Adam lr={DENSE_LR}",
+        "rows": rows,
+    }
+
+
+def e2e_markdown(res: dict) -> str:
+    w = res["workload"]
+    title = (
+        f"E2E DLRM, {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
+        f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows"
+    )
+    table = []
+    for r in res["rows"]:
+        if r["status"] != "ok":
+            table.append([r["system"], "missing", "-", "-", "-", "-", r["error"]])
+            continue
+        table.append(
+            [
+                r["system"],
+                f"{r['samples_per_s']:,.0f}",
+                r["spread"],
+                r.get("tierec_speedup", float("nan")),
+                f"{r['test_auc']:.4f}",
+                f"{r.get('auc_minus_tierec', float('nan')):+.4f}",
+                f"{r['train_loss_last_repeat']:.4f}",
+            ]
+        )
+    hdr = ["system", "samples/s (median)", "spread", "tierec speedup", "test AUC", "AUC - tierec", "train loss (last repeat)"]
+    return f"**{title}**\n\n" + markdown_table(hdr, table)

@@ -1,0 +1,44 @@
+"""The benchmark suite runs end to end on tiny sizes, and reports missing peers instead of skipping them."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import systems
+from benchmarks.run import main
+
+TINY = ["--tables", "3", "--rows", "200", "--dim", "4", "--batch", "32", "--steps", "2", "--repeats", "2", "--quiet"]
+
+
+def test_run_all_tiny(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["--which", "all", *TINY, "--test-batches", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["results"]) == {"engine", "e2e", "memory"}
+    engine = {r["system"]: r for r in res["results"]["engine"]["rows"]}
+    assert set(engine) == set(systems.ENGINE_SYSTEMS)
+    for r in engine.values():
+        assert r["status"] in {"ok", "missing"}
+        if r["status"] == "ok":
+            assert r["samples_per_s"] > 0 and len(r["times_s"]) == 2
+    assert engine["tierec"]["status"] == "ok" and engine["tierec"]["tierec_speedup"] == 1.0
+    e2e = {r["system"]: r for r in res["results"]["e2e"]["rows"]}
+    assert 0.0 <= e2e["tierec"]["test_auc"] <= 1.0
+    mem = {r["system"]: r for r in res["results"]["memory"]["rows"]}
+    assert mem["tierec"]["bytes_per_resident_row"] > (4 + 1) * 4
+    assert "| tierec |" in res["markdown"]
+    assert capsys.readouterr().out == ""  # --quiet
+
+
+def test_missing_peer_is_reported(monkeypatch, capsys):
+    def unavailable(w):
+        raise systems.PeerMissing("ModuleNotFoundError: No module named 'fbgemm_gpu'")
+
+    monkeypatch.setattr(systems, "fbgemm_tbe", unavailable)
+    assert main(["--which", "engine", *TINY[:-1], "--systems", "tierec,fbgemm"]) == 0
+    text = capsys.readouterr().out
+    assert "| fbgemm | missing |" in text and "No module named 'fbgemm_gpu'" in text
+
+
+def test_profile_tiny():
+    assert main(["--which", "profile", *TINY]) == 0

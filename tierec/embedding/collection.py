@@ -22,54 +22,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Callable
+
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
 from tierec.config import Pooling
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
-from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
+from tierec.embedding.pool_ops import BagLayout
+from tierec.embedding.pooling import bag_scale
 from tierec.embedding.table import TableConfig
-
-
-class _Gather(torch.autograd.Function):
-    """Gather unique rows; the backward is the fused optimizer step on those rows."""
-
-    @staticmethod
-    def forward(ctx, anchor: Tensor, group: TableGroup, rows: Tensor) -> Tensor:  # -> [U, D]
-        ctx.group = group
-        ctx.save_for_backward(rows)
-        return group.weights.index_select(0, rows)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # grad [U, D], already summed over duplicates
-        (rows,) = ctx.saved_tensors
-        ctx.group.update(rows, grad)
-        return None, None, None
-
-
-class _PoolFused(torch.autograd.Function):
-    """CPU: gather + pool in one numba pass; backward reduces onto unique rows and updates them."""
-
-    @staticmethod
-    def forward(ctx, anchor, group, rows, inverse, offsets, scale, batch):  # -> [B, F_g, D]
-        n_feat = (offsets.shape[0] - 1) // batch
-        out = torch.empty(batch, n_feat, group.dim)
-        pool_forward(group.weights.numpy(), rows, inverse, offsets, scale, batch, out.numpy())
-        ctx.args = (group, rows, inverse, offsets, scale, batch)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # grad_out [B, F_g, D]
-        group, rows, inverse, offsets, scale, batch = ctx.args
-        grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
-        g = grad_out.contiguous().numpy()
-        pool_backward(g, inverse, offsets, scale, batch, backward_chunks(group.dim), grad_rows.numpy())
-        group.update(torch.from_numpy(rows), grad_rows)
-        return (None,) * 7
 
 
 @dataclass(frozen=True)
@@ -88,7 +53,10 @@ class EmbeddingCollection(nn.Module):
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        group_factory: Callable[[list[TableConfig], int, torch.device | str], TableGroup] | None = None,
     ) -> None:
+        """``group_factory(tables, seed, device)`` builds each physical store (tiered,
+        pruned, ...); the default is the plain in-memory TableGroup."""
         super().__init__()
         self.feature_names = tuple(feature_names)
         self.tables = tables
@@ -104,7 +72,8 @@ class EmbeddingCollection(nn.Module):
         by_key: dict[tuple, list[TableConfig]] = {}
         for t in tables:
             by_key.setdefault(t.group_key(), []).append(t)
-        self.groups = [TableGroup(ts, seed=seed, device=device) for ts in by_key.values()]
+        make = group_factory or (lambda ts, sd, dev: TableGroup(ts, seed=sd, device=dev))
+        self.groups = [make(ts, seed, device) for ts in by_key.values()]
         self._plans = [self._plan(g) for g in self.groups]
         self._dedupe = Deduper()
         # Autograd needs a tensor that requires grad to call _Gather.backward.
@@ -166,34 +135,10 @@ class EmbeddingCollection(nn.Module):
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
         ukeys, utabs, inverse = self._dedupe(keys, tabs)
         rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+        off = offsets.numpy()
+        layout = BagLayout(inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b)
         train = self.training and torch.is_grad_enabled()
-        if self.use_fused_kernels and plan.group.device.type == "cpu":
-            off = offsets.numpy()
-            scale = bag_scale(off, plan.mean, b)
-            if train:
-                return _PoolFused.apply(self._anchor, plan.group, rows.numpy(), inverse, off, scale, b)
-            out = torch.empty(b, len(plan.features), plan.group.dim)
-            pool_forward(plan.group.weights.numpy(), rows.numpy(), inverse, off, scale, b, out.numpy())
-            return out
-        return self._group_forward_torch(plan, rows, inverse, offsets, b, train)
-
-    def _group_forward_torch(self, plan, rows, inverse, offsets, b, train) -> Tensor:
-        """Device-agnostic path (GPU): index_select of unique rows, then embedding_bag."""
-        if train:
-            emb = _Gather.apply(self._anchor, plan.group, rows.to(plan.group.device))  # [U, D]
-        else:
-            emb = _gather_frozen(plan.group, rows)
-        inv = torch.from_numpy(inverse).to(emb.device)
-        lengths = offsets[1:] - offsets[:-1]
-        weights = None
-        if plan.mean.any():
-            mean = torch.from_numpy(plan.mean).repeat_interleave(b)
-            scale = torch.where(mean, 1.0 / lengths.clamp(min=1).to(torch.float32), 1.0)
-            weights = scale.repeat_interleave(lengths).to(emb.device)
-        pooled = F.embedding_bag(
-            inv, emb, offsets.to(emb.device), mode="sum", per_sample_weights=weights, include_last_offset=True
-        )  # [F_g*B, D]
-        return pooled.view(len(plan.features), b, -1).transpose(0, 1)
+        return plan.group.pool(rows.numpy(), layout, train=train, anchor=self._anchor, fused=self.use_fused_kernels)
 
     # --------------------------------------------------------------- reports
 
@@ -237,16 +182,6 @@ class EmbeddingCollection(nn.Module):
                         raise KeyError(f"state dict has no rows for table {t.name!r}")
                     continue
                 g.load_table_state(ti, part)
-
-
-def _gather_frozen(group: TableGroup, rows: Tensor) -> Tensor:
-    """Rows for evaluation: unknown ids (row -1) read as zeros."""
-    rows = rows.to(group.device)
-    emb = group.weights.index_select(0, rows.clamp(min=0))
-    missing = rows < 0
-    if bool(missing.any()):
-        emb[missing] = 0.0
-    return emb
 
 
 def _group_inputs(sparse: SparseFeatures, features: tuple[int, ...]) -> tuple[Tensor, Tensor, np.ndarray]:

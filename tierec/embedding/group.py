@@ -22,6 +22,7 @@ from torch import Tensor
 from tierec.embedding import kernels
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
+from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
 from tierec.embedding.table import TableConfig
 
 
@@ -82,6 +83,16 @@ class TableGroup:
         r = torch.from_numpy(rows).to(self.device)
         for name, t in new_state(self.optimizer, 1, self.dim, self.device).items():
             self.state[name][r] = t
+
+    def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
+        """Pooled ``[B, F_g, D]`` from unique ``rows`` [U]; when ``train`` the backward updates them.
+
+        ``fused`` picks the numba kernels on CPU; the torch path runs elsewhere.
+        Subclasses with another row layout (pruned chunks) override this.
+        """
+        if fused and self.device.type == "cpu":
+            return pool_fused(self, rows, layout, train, anchor)
+        return pool_torch(self, rows, layout, train, anchor)
 
     def update(self, rows: Tensor, grad: Tensor) -> None:
         """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D]."""

@@ -98,14 +98,21 @@ class SyntheticConfig:
     cardinality_scale: float = 0.01
     zipf: float = 1.1  # 0 = uniform ids
     ids_per_feature: int = 1  # > 1 for multi-hot bags
+    positive_rate: float = 0.25  # mean click probability of the planted model
 
     def __post_init__(self) -> None:
         if self.train_rows <= 0 or self.test_rows <= 0:
             raise ConfigError("synthetic.train_rows and synthetic.test_rows must be positive")
-        if self.cardinality_scale <= 0:
-            raise ConfigError("synthetic.cardinality_scale must be positive")
+        if not 0 < self.cardinality_scale <= 100:
+            raise ConfigError("synthetic.cardinality_scale must be in (0, 100] (ids must fit in 32 bits)")
         if self.zipf < 0:
             raise ConfigError("synthetic.zipf must be >= 0")
+        if self.n_dense < 0:
+            raise ConfigError("synthetic.n_dense must be >= 0")
+        if self.ids_per_feature < 1:
+            raise ConfigError("synthetic.ids_per_feature must be >= 1")
+        if not 0 < self.positive_rate < 1:
+            raise ConfigError("synthetic.positive_rate must be in (0, 1)")
 
 
 @dataclass(kw_only=True)
@@ -229,12 +236,39 @@ class TrainConfig:
             raise ConfigError(f"train.dense_optimizer {self.dense_optimizer!r} is not one of adam, adagrad, sgd")
 
 
+# ------------------------------------------------- tiers, pruning, distribution
+
+
+@dataclass(kw_only=True)
+class StoreConfig:
+    """Tiered storage of embedding rows (fast cache / host DRAM / disk); off by default."""
+
+    enabled: bool = False
+
+
+@dataclass(kw_only=True)
+class PruneConfig:
+    """In-training embedding dimension pruning with chunked rows; off by default."""
+
+    enabled: bool = False
+
+
+@dataclass(kw_only=True)
+class DistConfig:
+    """Multi-process training on torch.distributed (launched by torchrun)."""
+
+    backend: str = "auto"  # auto = nccl on GPU, gloo on CPU
+
+
 @dataclass(kw_only=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
 
 # --------------------------------------------------------------------- loading

@@ -1,0 +1,124 @@
+"""Resolved schemas: which columns feed the label, dense and categorical features.
+
+``SchemaConfig`` is what the user writes; :func:`resolve_schema` turns it (and the
+file format) into a frozen :class:`Schema` the readers use. The Criteo preset is
+one schema: label, I1..I13 dense (``log1p``), C1..C26 categorical (``hex``),
+tab-separated without a header for format ``"criteo"``.
+
+>>> s = criteo_schema(header=False)
+>>> s.dense[:2], s.categorical[-1], s.delimiter == "\\t", len(s.columns)
+(('I1', 'I2'), 'C26', True, 40)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierec.config import SchemaConfig
+from tierec.data.errors import DataError
+from tierec.data.hashing import MAX_FEATURES
+
+CRITEO_DENSE: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
+CRITEO_CATEGORICAL: tuple[str, ...] = tuple(f"C{i}" for i in range(1, 27))
+CRITEO_COLUMNS: tuple[str, ...] = ("label", *CRITEO_DENSE, *CRITEO_CATEGORICAL)
+# Distinct values per categorical feature in the Criteo Kaggle (display advertising) train set.
+CRITEO_CARDINALITIES: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+
+_DELIMITERS = {"csv": ",", "tsv": "\t", "criteo": "\t"}
+_DELIMITER_NAMES = {",": "comma", "\t": "tab", ";": "semicolon", "|": "pipe", " ": "space"}
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A validated, format-specific schema (see :func:`resolve_schema`)."""
+
+    label: str
+    dense: tuple[str, ...]
+    categorical: tuple[str, ...]
+    multi_valued: tuple[str, ...]
+    separator: str
+    header: bool
+    columns: tuple[str, ...]  # names in file order when there is no header; else empty
+    dense_transform: str  # "none" | "log1p"
+    encoding: str  # "hash" | "hex"
+    delimiter: str  # CSV/TSV field delimiter ("" for Parquet)
+    quoting: bool  # CSV fields may be quoted
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        """Every column the reader must find."""
+        return (self.label, *self.dense, *self.categorical)
+
+    @property
+    def delimiter_name(self) -> str:
+        return _DELIMITER_NAMES.get(self.delimiter, repr(self.delimiter))
+
+
+def criteo_schema(header: bool = False, delimiter: str = "\t") -> Schema:
+    """The Criteo preset (hex ids folded with the feature index, log1p dense)."""
+    return Schema(
+        label="label",
+        dense=CRITEO_DENSE,
+        categorical=CRITEO_CATEGORICAL,
+        multi_valued=(),
+        separator="|",
+        header=header,
+        columns=() if header else CRITEO_COLUMNS,
+        dense_transform="log1p",
+        encoding="hex",
+        delimiter=delimiter,
+        quoting=delimiter != "\t",
+    )
+
+
+def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
+    """The schema for a file of format ``fmt`` (criteo | csv | tsv | parquet)."""
+    if fmt == "criteo":
+        return criteo_schema(header=False)
+    delimiter = cfg.delimiter or _DELIMITERS.get(fmt, "")
+    if cfg.preset == "criteo":
+        base = criteo_schema(header=cfg.header, delimiter=delimiter)
+        dense, categorical, label = base.dense, base.categorical, base.label
+        columns = tuple(cfg.columns) or (() if cfg.header else CRITEO_COLUMNS)
+        transform, encoding = cfg.dense_transform or "log1p", cfg.categorical_encoding or "hex"
+    else:
+        dense, categorical, label = tuple(cfg.dense), tuple(cfg.categorical), cfg.label
+        columns = tuple(cfg.columns)
+        transform, encoding = cfg.dense_transform or "none", cfg.categorical_encoding or "hash"
+    if fmt == "parquet" or cfg.header:
+        columns = ()
+    if fmt == "parquet":
+        delimiter = ""
+    elif not cfg.header and not columns:
+        raise DataError("schema.header is false but schema.columns does not name the file's columns")
+    if not dense and not categorical:
+        raise DataError("schema names no dense and no categorical columns (set schema.dense / schema.categorical)")
+    not_categorical = [c for c in cfg.multi_valued if c not in categorical]
+    if not_categorical:
+        raise DataError(f"schema.multi_valued names columns that are not categorical: {not_categorical}")
+    names = (label, *dense, *categorical)
+    dup = sorted({c for c in names if names.count(c) > 1})
+    if dup:
+        raise DataError(f"schema uses column(s) {dup} more than once")
+    if encoding == "hex" and len(categorical) > MAX_FEATURES:
+        raise DataError(f"hex encoding supports at most {MAX_FEATURES} categorical features")
+    if columns:
+        absent = [c for c in names if c not in columns]
+        if absent:
+            raise DataError(f"schema names column(s) {absent} that are not in schema.columns {list(columns)}")
+    return Schema(
+        label=label,
+        dense=dense,
+        categorical=categorical,
+        multi_valued=tuple(cfg.multi_valued),
+        separator=cfg.separator,
+        header=cfg.header if fmt != "parquet" else True,
+        columns=columns,
+        dense_transform=transform,
+        encoding=encoding,
+        delimiter=delimiter,
+        quoting=delimiter not in ("\t", ""),
+    )

@@ -1,0 +1,214 @@
+"""Streaming reader for delimited text: Criteo TSV, CSV and TSV with a schema.
+
+Files are never loaded whole. One pass counts lines (:class:`LineIndex`, numpy
+over a memory map, so a split can start at any line); then ``pyarrow.csv``
+streams the split's byte range as string columns, and :class:`BlockParser`
+turns them into ids and floats with numba. A row is one physical line (values
+may not contain newlines), so problems are reported by 1-based file line.
+
+>>> import tempfile, os
+>>> from tierec.data.schema import criteo_schema
+>>> from tierec.data.errors import ProblemReport
+>>> path = os.path.join(tempfile.mkdtemp(), "tiny.txt")
+>>> row = "\\t".join(["1"] + ["2"] * 13 + ["a1"] * 26)
+>>> _ = open(path, "w").write(row + "\\n" + row + "\\n")
+>>> f = TextFile.open(path, criteo_schema())
+>>> f.data_lines, sum(b.size for b in f.blocks(0, 2, ProblemReport(path), strict=False))
+(2, 2)
+"""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from tierec.data.blocks import RowBlock
+from tierec.data.columns import BlockParser
+from tierec.data.errors import DataError, ProblemReport, strict_error
+from tierec.data.loader import prefetch
+from tierec.data.schema import Schema
+
+_SCAN_CHUNK = 1 << 26  # bytes per newline-counting step
+BLOCK_BYTES = 1 << 20  # pyarrow CSV block; 1 MiB streams fastest single-threaded
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """Newline counts of a file, enough to find where any line starts."""
+
+    size: int  # bytes
+    n_lines: int  # physical lines; a last line without a newline counts
+    cum_newlines: np.ndarray  # [n_chunks] newlines up to the end of each scan chunk
+
+    @staticmethod
+    def scan(path: Path) -> LineIndex:
+        size = path.stat().st_size
+        if size == 0:
+            return LineIndex(0, 0, np.zeros(0, np.int64))
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        counts = [int(np.count_nonzero(mm[a : a + _SCAN_CHUNK] == 10)) for a in range(0, size, _SCAN_CHUNK)]
+        cum = np.cumsum(np.asarray(counts, np.int64))
+        n_lines = int(cum[-1]) + (0 if mm[size - 1] == 10 else 1)
+        del mm
+        return LineIndex(size, n_lines, cum)
+
+    def offset_of(self, path: Path, line0: int) -> int:
+        """Byte offset where 0-based physical line ``line0`` starts (``size`` past the end)."""
+        if line0 <= 0:
+            return 0
+        if line0 >= self.n_lines:
+            return self.size
+        c = int(np.searchsorted(self.cum_newlines, line0))  # chunk holding newline number line0
+        before = int(self.cum_newlines[c - 1]) if c else 0
+        start = c * _SCAN_CHUNK
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        pos = np.flatnonzero(mm[start : start + _SCAN_CHUNK] == 10)[line0 - before - 1]
+        return start + int(pos) + 1
+
+
+@dataclass(frozen=True)
+class TextFile:
+    """An opened, validated delimited file: its columns and line count."""
+
+    path: Path
+    display: str  # the path as the user wrote it, for messages
+    schema: Schema
+    names: tuple[str, ...]  # all columns, in file order
+    index: LineIndex
+
+    @property
+    def data_lines(self) -> int:
+        return self.index.n_lines - (1 if self.schema.header else 0)
+
+    @staticmethod
+    def open(path: str | Path, schema: Schema) -> TextFile:
+        p = Path(path)
+        display = str(path)
+        if not p.exists():
+            raise DataError(f"{display}: no such file")
+        if not p.is_file():
+            raise DataError(f"{display}: not a file")
+        index = LineIndex.scan(p)
+        if index.size == 0:
+            raise DataError(f"{display}: file is empty")
+        if schema.header:
+            with p.open("rb") as fh:
+                names = _header_names(fh.readline(), schema, display)
+            if index.n_lines <= 1:
+                raise DataError(f"{display}: file has a header but no data rows")
+        else:
+            names = schema.columns
+        absent = [c for c in schema.needed if c not in names]
+        if absent:
+            raise DataError(f"{display}: schema names column(s) {absent} that the file does not have; it has {list(names)}")
+        return TextFile(p, display, schema, tuple(names), index)
+
+    def blocks(self, first: int, stop: int, report: ProblemReport, strict: bool, block_bytes: int = BLOCK_BYTES) -> Iterator[RowBlock]:
+        """Well-formed rows of data lines ``first..stop-1`` (0-based, header excluded)."""
+        if stop <= first:
+            return
+        head = 1 if self.schema.header else 0
+        begin = self.index.offset_of(self.path, first + head)
+        end = self.index.offset_of(self.path, stop + head)
+        tracker = _LineTracker(first_line=first + head + 1)  # file lines are 1-based
+        expected = len(self.names)
+        s = self.schema
+
+        def on_invalid(row: pacsv.InvalidRow) -> str:
+            number = -1 if row.number is None else row.number + first + head
+            tracker.invalid.append((number, f"expected {expected} {s.delimiter_name}-separated fields, found {row.actual_columns}"))
+            return "skip"
+
+        def record_batches() -> Iterator[pa.RecordBatch]:  # runs in a prefetch thread
+            with pa.memory_map(str(self.path)) as mm:
+                mm.seek(begin)
+                stream = pa.BufferReader(mm.read_buffer(end - begin))  # zero-copy view of the split
+                yield from pacsv.open_csv(
+                    stream,
+                    read_options=pacsv.ReadOptions(use_threads=False, block_size=block_bytes, column_names=list(self.names)),
+                    parse_options=pacsv.ParseOptions(
+                        delimiter=s.delimiter,
+                        quote_char='"' if s.quoting else False,
+                        ignore_empty_lines=False,
+                        invalid_row_handler=on_invalid,
+                    ),
+                    convert_options=pacsv.ConvertOptions(
+                        include_columns=list(s.needed),
+                        column_types={c: pa.string() for c in s.needed},
+                        strings_can_be_null=False,
+                        quoted_strings_can_be_null=False,
+                    ),
+                )
+
+        parser = BlockParser(s)
+        batches = prefetch(record_batches, depth=2, name="tierec-csv")
+        try:
+            for batch in batches:
+                block, err = parser.parse(batch)
+                bad_rows = np.flatnonzero(err)
+                lines, invalid = tracker.advance(batch.num_rows, bad_rows)
+                problems = sorted(invalid + [(line, (batch, int(r))) for line, r in zip(lines, bad_rows)], key=lambda x: x[0])
+                _report(problems, report, strict, self.display, parser, err)
+                yield block.select(err == 0) if len(bad_rows) else block
+        except pa.ArrowInvalid as e:
+            raise DataError(f"{self.display}: {str(e).splitlines()[0]}") from None
+        finally:
+            batches.close()
+        _report(list(tracker.invalid), report, strict, self.display, parser, None)
+
+
+def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
+    try:
+        table = pacsv.read_csv(
+            io.BytesIO(line),
+            parse_options=pacsv.ParseOptions(delimiter=schema.delimiter, quote_char='"' if schema.quoting else False),
+        )
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{display}: cannot read the header line: {e}") from None
+    return list(table.column_names)
+
+
+def _report(
+    problems: list, report: ProblemReport, strict: bool, display: str, parser: BlockParser, err: np.ndarray | None
+) -> None:
+    """Record problems in line order: ``(line, message)`` or ``(line, (batch, row))``."""
+    for line, what in problems:
+        if not report.wants_examples and not strict:
+            report.count_more(1)
+            continue
+        message = what if isinstance(what, str) else parser.problem(what[0], what[1], int(err[what[1]]))
+        if strict:
+            raise strict_error(display, "line", line, message)
+        report.add(line, message)
+
+
+class _LineTracker:
+    """Maps accepted rows back to file lines, given the lines pyarrow rejected."""
+
+    def __init__(self, first_line: int) -> None:
+        self.next_line = first_line
+        self.invalid: deque[tuple[int, str]] = deque()  # (line, message), in file order
+
+    def advance(self, m: int, rows: np.ndarray) -> tuple[list[int], list[tuple[int, str]]]:
+        """Consume a batch of ``m`` accepted rows; file lines of ``rows`` and the rejected lines among them."""
+        end = self.next_line + m - 1
+        popped: list[tuple[int, str]] = []
+        while self.invalid and self.invalid[0][0] <= end:
+            popped.append(self.invalid.popleft())
+            end += 1
+        lines = []
+        for r in rows.tolist():
+            line = self.next_line + r
+            for inv, _ in popped:
+                if inv <= line:
+                    line += 1
+            lines.append(line)
+        self.next_line = end + 1
+        return lines, popped

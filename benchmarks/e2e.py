@@ -37,7 +37,7 @@ from benchmarks.systems import (
     torchrec_fused_ebc,
     torchrec_kjt,
 )
-from benchmarks.timing import alternate, median, spread
+from benchmarks.timing import alternate, median, paired_ratio, spread
 from benchmarks.workload import Workload
 
 WARMUP_STEPS = 2
@@ -170,7 +170,7 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
         for b in train[start : start + w.steps]:
             s.step(b)
 
-    times = alternate(ready, repeats, work)
+    tm = alternate(ready, repeats, work)
     labels = torch.cat([b.labels for b in test])
     rows = []
     ref = None
@@ -179,13 +179,17 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
             rows.append({"system": s.name, "status": "missing", "error": s.error})
             continue
         scores = torch.cat([s.predict(b) for b in test])
-        t = median(times[s.name])
+        wall = tm.wall[s.name]
+        t = median(wall)
         row = {
             "system": s.name,
             "status": "ok",
-            "times_s": times[s.name],
+            "times_s": wall,
+            "cpu_s": tm.cpu[s.name],
             "median_s": t,
-            "spread": spread(times[s.name]),
+            "best_s": min(wall),
+            "cpu_median_s": median(tm.cpu[s.name]),
+            "spread": spread(wall),
             "samples_per_s": w.steps * w.batch / t,
             "test_auc": auc(scores, labels),
             "train_loss_last_repeat": sum(s.losses[-w.steps :]) / w.steps,
@@ -197,6 +201,8 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
     for row in rows:
         if ref is not None and row["status"] == "ok":
             row["tierec_speedup"] = row["median_s"] / ref["median_s"]
+            row["tierec_speedup_paired"] = paired_ratio(row["times_s"], ref["times_s"])
+            row["tierec_speedup_cpu"] = row["cpu_median_s"] / ref["cpu_median_s"]
             row["auc_minus_tierec"] = row["test_auc"] - ref["test_auc"]
     return {
         "workload": w.as_dict(),
@@ -204,6 +210,7 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
         "test_rows": int(labels.numel()),
         "test_positive_rate": float(labels.mean()),
         "dense_optimizer": f"Adam lr={DENSE_LR}",
+        "loadavg_at_repeats": tm.load,
         "rows": rows,
     }
 
@@ -217,18 +224,32 @@ def e2e_markdown(res: dict) -> str:
     table = []
     for r in res["rows"]:
         if r["status"] != "ok":
-            table.append([r["system"], "missing", "-", "-", "-", "-", r["error"]])
+            table.append([r["system"], "missing", *["-"] * 7, r["error"]])
             continue
         table.append(
             [
                 r["system"],
                 f"{r['samples_per_s']:,.0f}",
-                r["spread"],
+                r["median_s"] * 1000 / w["steps"],
+                r["cpu_median_s"] * 1000 / w["steps"],
                 r.get("tierec_speedup", float("nan")),
+                r.get("tierec_speedup_paired", float("nan")),
+                r.get("tierec_speedup_cpu", float("nan")),
                 f"{r['test_auc']:.4f}",
                 f"{r.get('auc_minus_tierec', float('nan')):+.4f}",
                 f"{r['train_loss_last_repeat']:.4f}",
             ]
         )
-    hdr = ["system", "samples/s (median)", "spread", "tierec speedup", "test AUC", "AUC - tierec", "train loss (last repeat)"]
+    hdr = [
+        "system",
+        "samples/s (median)",
+        "ms/step",
+        "CPU ms/step",
+        "tierec speedup (medians)",
+        "(paired)",
+        "(CPU)",
+        "test AUC",
+        "AUC - tierec",
+        "train loss (last repeat)",
+    ]
     return f"**{title}**\n\n" + markdown_table(hdr, table)

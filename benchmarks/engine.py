@@ -19,7 +19,7 @@ import numpy as np
 
 from benchmarks.report import markdown_table
 from benchmarks.systems import ENGINE_SYSTEMS, Missing, build, estimated_bytes, touched_rows
-from benchmarks.timing import alternate, median, spread
+from benchmarks.timing import alternate, median, paired_ratio, spread
 from benchmarks.workload import Workload, make_batches, upstream_grad
 
 
@@ -58,30 +58,37 @@ def run_engine(w: Workload, systems: list[str], repeats: int, mem_budget: int = 
     if "tierec-cold" in systems:
         groups[0].append("tierec-cold")
     rows: list[dict] = []
+    loads: list[float] = []
     for gi, group in enumerate(groups):
         built = [build(n, w, batches, grad) for n in ["tierec", *group]]
         ready = [s for s in built if not isinstance(s, Missing)]
         for s in built:
             if isinstance(s, Missing):
                 rows.append({"system": s.name, "status": "missing", "error": s.error, "group": gi})
-        times = alternate(ready, repeats, lambda s, r: [s.step(i) for i in range(w.steps)])
-        t_tierec = median(times["tierec"])
+        tm = alternate(ready, repeats, lambda s, r: [s.step(i) for i in range(w.steps)])
+        loads.extend(tm.load)
+        ref_wall, ref_cpu = tm.wall["tierec"], tm.cpu["tierec"]
         for s in ready:
-            if s.name == "tierec" and "tierec" in systems and gi > 0:
+            if s.name == "tierec" and ("tierec" not in systems or gi > 0):
                 continue  # tierec's own row comes from the first group
-            if s.name == "tierec" and "tierec" not in systems:
-                continue
-            t = median(times[s.name])
+            wall, cpu = tm.wall[s.name], tm.cpu[s.name]
+            t = median(wall)
             row = {
                 "system": s.name,
                 "status": "ok",
                 "group": gi,
-                "times_s": times[s.name],
+                "times_s": wall,
+                "cpu_s": cpu,
                 "median_s": t,
-                "spread": spread(times[s.name]),
+                "best_s": min(wall),
+                "cpu_median_s": median(cpu),
+                "spread": spread(wall),
                 "samples_per_s": w.steps * w.batch / t,
-                "tierec_samples_per_s": w.steps * w.batch / t_tierec,
-                "tierec_speedup": t / t_tierec,  # > 1: tierec is faster
+                "tierec_samples_per_s": w.steps * w.batch / median(ref_wall),
+                "tierec_speedup": t / median(ref_wall),  # > 1: tierec is faster (ratio of medians)
+                "tierec_speedup_paired": paired_ratio(wall, ref_wall),
+                "tierec_speedup_best": min(wall) / min(ref_wall),
+                "tierec_speedup_cpu": median(cpu) / median(ref_cpu),
             }
             if s.name == "tierec":
                 row["warm_pass_s"] = s.warm_seconds
@@ -91,6 +98,7 @@ def run_engine(w: Workload, systems: list[str], repeats: int, mem_budget: int = 
         gc.collect()
     order = {n: i for i, n in enumerate(systems)}
     rows.sort(key=lambda r: order.get(r["system"], 99))
+    stats["loadavg_at_repeats"] = loads
     return {"workload": w.as_dict(), "repeats": repeats, "groups": groups, "stats": stats, "rows": rows}
 
 
@@ -104,13 +112,44 @@ def engine_markdown(res: dict) -> str:
     table = []
     for r in res["rows"]:
         if r["status"] != "ok":
-            table.append([r["system"], "missing", "-", "-", "-", r["error"]])
+            table.append([r["system"], "missing", *["-"] * 7, r["error"]])
             continue
         note = "" if r["system"] != "tierec" else "reference"
         if len(res["groups"]) > 1 and r["system"] != "tierec":
             note = f"group {r['group']}: tierec {r['tierec_samples_per_s']:,.0f}/s alongside"
+        steps = w["steps"]
         table.append(
-            [r["system"], f"{r['samples_per_s']:,.0f}", r["median_s"] * 1000 / w["steps"], r["spread"], r["tierec_speedup"], note]
+            [
+                r["system"],
+                f"{r['samples_per_s']:,.0f}",
+                r["median_s"] * 1000 / steps,
+                r["best_s"] * 1000 / steps,
+                r["cpu_median_s"] * 1000 / steps,
+                r["tierec_speedup"],
+                r["tierec_speedup_paired"],
+                r["tierec_speedup_best"],
+                r["tierec_speedup_cpu"],
+                note,
+            ]
         )
-    hdr = ["system", "samples/s (median)", "ms/step", "spread", "tierec speedup", "note"]
-    return f"**{title}**\n\n" + markdown_table(hdr, table)
+    hdr = [
+        "system",
+        "samples/s (median)",
+        "ms/step median",
+        "ms/step best",
+        "CPU ms/step",
+        "tierec speedup (medians)",
+        "(paired)",
+        "(best)",
+        "(CPU)",
+        "note",
+    ]
+    loads = res["stats"].get("loadavg_at_repeats", [])
+    load = f"; load average during repeats {min(loads):.1f}-{max(loads):.1f} on {_cores()} cores" if loads else ""
+    return f"**{title}**{load}\n\n" + markdown_table(hdr, table)
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 0

@@ -250,16 +250,77 @@ class StoreConfig:
 
 @dataclass(kw_only=True)
 class PruneConfig:
-    """In-training embedding dimension pruning with chunked rows; off by default."""
+    """In-training embedding dimension pruning with chunked rows; off by default.
+
+    Rows are stored as chunks of ``chunk`` dims in one pool per table group; every
+    ``every`` steps the trailing chunks of least importance (decayed access
+    frequency times gradient magnitude) are freed so the pools fit the budget,
+    and pruned chunks of rows that became important grow back (tierec/prune/).
+    """
 
     enabled: bool = False
+    chunk: int = 4  # dims per chunk; embedding dims must be multiples of it
+    every: int = 100  # steps between pruning steps
+    start_step: int = 0  # no pruning before this step (importance warms up)
+    # Bytes of the chunk pools (weights + per-dim optimizer state + importance of each chunk);
+    # 0 = use target_ratio instead.
+    memory_budget: int = 0
+    target_ratio: float = 4.0  # pool bytes with every row at full dim / pool bytes kept
+    decay: float = 0.8  # importance kept from one pruning step to the next
+    importance: str = "gradient"  # "gradient": frequency x gradient magnitude | "frequency" (baseline)
+    regrow: bool = True  # a pruned chunk of a row that became important grows back (zeros, fresh state)
+    regrow_margin: float = 1.5  # it must reach this multiple of the threshold (hysteresis)
+    init_dim: int = 0  # dims of a newly inserted row; 0 = full
+    min_dim: int = 0  # never prune a row below this many dims
+    compact_free_fraction: float = 0.25  # compact a pool (shrink its tensors) when this much is free
+    final_prune: bool = True  # prune once more after the last step, so the saved model meets the budget
+
+    def __post_init__(self) -> None:
+        if self.chunk <= 0:
+            raise ConfigError("prune.chunk must be positive")
+        if self.every <= 0 or self.start_step < 0:
+            raise ConfigError("prune.every must be positive and prune.start_step >= 0")
+        if self.memory_budget < 0:
+            raise ConfigError("prune.memory_budget must be >= 0 bytes")
+        if self.target_ratio < 1.0:
+            raise ConfigError(f"prune.target_ratio must be >= 1, got {self.target_ratio}")
+        if not 0.0 <= self.decay <= 1.0:
+            raise ConfigError("prune.decay must be in [0, 1]")
+        if self.importance not in {"gradient", "frequency"}:
+            raise ConfigError(f"prune.importance {self.importance!r} is not one of gradient, frequency")
+        if self.regrow_margin < 1.0:
+            raise ConfigError("prune.regrow_margin must be >= 1")
+        if self.init_dim < 0 or self.min_dim < 0 or self.init_dim % self.chunk or self.min_dim % self.chunk:
+            raise ConfigError("prune.init_dim and prune.min_dim must be >= 0 and multiples of prune.chunk")
+        if not 0.0 < self.compact_free_fraction <= 1.0:
+            raise ConfigError("prune.compact_free_fraction must be in (0, 1]")
 
 
 @dataclass(kw_only=True)
 class DistConfig:
-    """Multi-process training on torch.distributed (launched by torchrun)."""
+    """Multi-process training on torch.distributed (launched by torchrun); see docs/distributed.md."""
 
     backend: str = "auto"  # auto = nccl on GPU, gloo on CPU
+    # Seconds a collective may wait for a peer; a lost rank is reported within about this.
+    timeout_s: float = 300.0
+    heartbeat_s: float = 1.0  # liveness beat into the rendezvous store, read when a collective fails
+    dedupe: bool = True  # false sends every id occurrence to its owner (the naive baseline)
+    overlap: bool = True  # exchange the next batch's ids while the current batch computes
+    # Hot-row replication: rows per table group replicated on every rank (0 = off).
+    hot_rows: int = 0
+    hot_refresh_every: int = 50  # steps between hot-set refreshes from job-wide counts
+    hot_candidates: int = 0  # per-rank top-k candidates for the refresh; 0 = 2 * hot_rows
+    hot_min_count: int = 2  # a row must be requested at least this often in a window to become hot
+
+    def __post_init__(self) -> None:
+        if self.backend not in {"auto", "gloo", "nccl"}:
+            raise ConfigError(f"dist.backend {self.backend!r} is not one of auto, gloo, nccl")
+        if self.timeout_s <= 0 or self.heartbeat_s <= 0:
+            raise ConfigError("dist.timeout_s and dist.heartbeat_s must be positive")
+        if self.hot_rows < 0 or self.hot_candidates < 0 or self.hot_min_count < 1:
+            raise ConfigError("dist.hot_rows and dist.hot_candidates must be >= 0, dist.hot_min_count >= 1")
+        if self.hot_refresh_every <= 0:
+            raise ConfigError("dist.hot_refresh_every must be positive")
 
 
 @dataclass(kw_only=True)

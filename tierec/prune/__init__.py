@@ -1,0 +1,17 @@
+"""In-training embedding dimension pruning (FIITED-style) with chunked rows.
+
+Rows are stored as chunks of a few dims in one ChunkPool per table group,
+behind a per-row map from chunk positions to pool chunks (PrunedGroup). During
+training each chunk's importance (decayed access frequency times gradient
+magnitude) is tracked in the backward; every N steps the Pruner frees the
+trailing chunks of least importance so the pools meet a byte budget or a
+ratio, lets pruned chunks of rows that became important grow back, and
+compacts pools that are mostly free.
+
+>>> from tierec.prune import ChunkPool, PrunedGroup
+"""
+
+from tierec.prune.chunk_pool import ChunkPool
+from tierec.prune.group import PrunedGroup
+
+__all__ = ["ChunkPool", "PrunedGroup"]

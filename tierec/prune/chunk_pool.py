@@ -1,0 +1,140 @@
+"""ChunkPool: fixed-size chunks of embedding dims, with a free list and compaction.
+
+One pool holds the chunks of every row of a table group: the weights
+``[P, c]``, the optimizer state that has one value per dim (Adagrad's sum,
+Adam's moments) ``[P, c]`` each, and one importance score per chunk ``[P]``.
+A chunk is addressed by its physical number; rows keep a map from their chunk
+positions to these numbers (PrunedGroup). Freed chunks go on a LIFO free list
+and are handed out again before the pool grows; ``compact`` moves the live
+chunks at the tail into the holes and really shrinks the tensors.
+
+>>> pool = ChunkPool(4, {"sum": 0.0})
+>>> ids = pool.alloc(3)
+>>> pool.free(ids[:2]); pool.num_live
+1
+>>> pool.alloc(1).tolist() == [ids[0]]   # a freed chunk is reused first
+True
+>>> moved = pool.compact(); pool.capacity, pool.num_free  # only the 2 live chunks remain
+(2, 0)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+GROWTH = 1.25  # capacity factor when the free list runs dry
+
+
+class ChunkPool:
+    def __init__(self, chunk: int, dim_state: dict[str, float], capacity: int = 0) -> None:
+        """``dim_state``: name -> initial value of each optimizer state with one value per dim."""
+        self.chunk = chunk
+        self.dim_state = dict(dim_state)
+        self.weights = torch.zeros(capacity, chunk)  # [P, c]
+        self.state = {n: torch.full((capacity, chunk), v) for n, v in self.dim_state.items()}  # [P, c] each
+        self.importance = np.zeros(capacity, dtype=np.float32)  # [P]
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # stack; the top is the end
+        self._n_free = capacity
+
+    # ------------------------------------------------------------ sizes
+
+    @property
+    def capacity(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def num_free(self) -> int:
+        return self._n_free
+
+    @property
+    def num_live(self) -> int:
+        return self.capacity - self._n_free
+
+    def bytes_per_chunk(self) -> int:  # bytes: weights, per-dim state, importance
+        return 4 * self.chunk * (1 + len(self.state)) + 4
+
+    def nbytes(self) -> int:  # bytes allocated (live and free chunks)
+        return self.capacity * self.bytes_per_chunk() + self._free.nbytes
+
+    def free_ids(self) -> np.ndarray:  # [num_free] int64
+        return self._free[: self._n_free].copy()
+
+    # ------------------------------------------------------- alloc / free
+
+    def alloc(self, n: int) -> np.ndarray:
+        """``n`` chunk numbers [n] int64: zero weights, initial state, zero importance."""
+        if n > self._n_free:
+            self._grow(self.num_live + n)
+        ids = self._free[self._n_free - n : self._n_free][::-1].copy()
+        self._n_free -= n
+        self.reset(ids)
+        return ids
+
+    def reset(self, ids: np.ndarray) -> None:
+        """Zero weights and importance, initial optimizer state, for chunks ``ids``."""
+        if ids.size == 0:
+            return
+        t = torch.from_numpy(ids)
+        self.weights.index_fill_(0, t, 0.0)
+        for n, s in self.state.items():
+            s.index_fill_(0, t, self.dim_state[n])
+        self.importance[ids] = 0.0
+
+    def free(self, ids: np.ndarray) -> None:
+        """Return chunks to the free list (their contents are reset when handed out again)."""
+        n = ids.shape[0]
+        if n == 0:
+            return
+        self._free[self._n_free : self._n_free + n] = ids[::-1]
+        self._n_free += n
+
+    def _grow(self, needed: int) -> None:
+        old = self.capacity
+        cap = max(needed, int(old * GROWTH) + 64)
+        self.weights = _resized(self.weights, cap)
+        self.state = {n: _resized(s, cap) for n, s in self.state.items()}
+        self.importance = np.resize(self.importance, cap)
+        free = np.empty(cap, dtype=np.int64)
+        # the new chunks go under the existing free ones, so reuse still comes first
+        new = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
+        free[: new.size] = new
+        free[new.size : new.size + self._n_free] = self._free[: self._n_free]
+        self._free = free
+        self._n_free += new.size
+
+    # ------------------------------------------------------------ compaction
+
+    def compact(self) -> tuple[np.ndarray, np.ndarray]:
+        """Move the live chunks into ``[0, num_live)`` and shrink every tensor to that size.
+
+        Returns ``(src, dst)``: chunk ``src[i]`` now lives at ``dst[i]`` (only chunks
+        at or past ``num_live`` move); the caller rewrites its chunk maps.
+        """
+        live = self.num_live
+        free = self._free[: self._n_free]
+        holes = np.sort(free[free < live])  # free slots inside the kept prefix
+        is_free_tail = np.zeros(self.capacity - live, dtype=bool)
+        is_free_tail[free[free >= live] - live] = True
+        src = np.flatnonzero(~is_free_tail) + live  # live chunks past the prefix
+        assert src.size == holes.size
+        if src.size:
+            s, d = torch.from_numpy(src), torch.from_numpy(holes)
+            self.weights.index_copy_(0, d, self.weights.index_select(0, s))
+            for t in self.state.values():
+                t.index_copy_(0, d, t.index_select(0, s))
+            self.importance[holes] = self.importance[src]
+        self.weights = self.weights[:live].clone()
+        self.state = {n: t[:live].clone() for n, t in self.state.items()}
+        self.importance = self.importance[:live].copy()
+        self._free = np.empty(0, dtype=np.int64)
+        self._n_free = 0
+        return src, holes
+
+
+def _resized(t: Tensor, rows: int) -> Tensor:
+    out = torch.empty(rows, *t.shape[1:], dtype=t.dtype)
+    n = min(rows, t.shape[0])
+    out[:n].copy_(t[:n])
+    return out

@@ -1,0 +1,307 @@
+"""PrunedGroup: a TableGroup whose rows are chunks in a shared ChunkPool, each row a prefix.
+
+Row ``r`` maps its chunk positions to pool chunks through ``cmap[r]``
+(the virtual-to-physical index, ``[R, D/c]`` int32, -1 past the row's
+prefix). Its dims past the prefix read as zero and are not trained. The
+optimizer state with one value per dim lives in the pool beside the weights
+and is freed with its chunk; row-wise Adagrad's one float per row stays with
+the row. Each live chunk carries an importance (decayed sum of its gradient
+norms, i.e. access frequency times gradient magnitude), and each row a claim
+``next_imp`` of its first pruned chunk to grow back; the Pruner
+(tierec/prune/pruner.py) reads them to decide the dims.
+
+With every row at full dim the forward and the updates are bit-identical to
+TableGroup (tests/prune/test_group_exact.py).
+
+>>> import numpy as np
+>>> from tierec.config import PruneConfig
+>>> from tierec.embedding.table import TableConfig
+>>> g = PrunedGroup([TableConfig(name="t", dim=8, features=["f"])], PruneConfig(chunk=4))
+>>> rows = g.lookup(np.array([5, 6], dtype=np.int64), np.zeros(2, dtype=np.int32), insert=True).numpy()
+>>> g.set_row_dims(rows[:1], np.array([4]))
+>>> g.gather(rows)[0, 4:].abs().sum().item(), g.dim_histogram().tolist()
+(0.0, [0, 1, 1])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tierec.config import ConfigError, OptimizerKind, PruneConfig
+from tierec.embedding import kernels as engine_kernels
+from tierec.embedding.group import TableGroup
+from tierec.embedding.hash_index import HashIndex
+from tierec.embedding.optimizers import _adam_step_size, initial_state_value, state_shapes
+from tierec.embedding.pool_ops import BagLayout
+from tierec.embedding.table import TableConfig
+from tierec.prune import kernels
+from tierec.prune.chunk_pool import ChunkPool
+from tierec.prune.pool_ops import pool_chunked, pool_chunked_torch
+
+
+class PrunedGroup(TableGroup):
+    def __init__(
+        self, tables: list[TableConfig], cfg: PruneConfig, seed: int = 0, device: torch.device | str = "cpu"
+    ) -> None:
+        keys = {t.group_key() for t in tables}
+        if len(keys) != 1:
+            raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
+        self.tables = tables
+        self.dim = tables[0].dim
+        self.optimizer = tables[0].optimizer
+        self.seed = seed
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            raise NotImplementedError("pruned tables run on the CPU only (the chunk kernels are numba)")
+        if self.dim % cfg.chunk:
+            raise ConfigError(f"embedding dim {self.dim} is not a multiple of prune.chunk={cfg.chunk}")
+        self.chunk = cfg.chunk
+        self.n_pos = self.dim // cfg.chunk  # chunk positions per row
+        self.init_chunks = min(cfg.init_dim // cfg.chunk or self.n_pos, self.n_pos)
+        self.by_grad = cfg.importance == "gradient"
+        self.index = HashIndex()
+        self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
+        shapes = state_shapes(self.optimizer.kind, self.dim)
+        dim_state = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if s}
+        self.row_state_init = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if not s}
+        self.chunks = ChunkPool(self.chunk, dim_state)
+        cap = self.index.row_capacity
+        self.cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)  # [R, K] physical chunk or -1
+        self.next_imp = np.zeros(cap, dtype=np.float32)  # [R] claim of the first pruned chunk to grow back
+        self.row_state = {n: torch.full((cap,), v) for n, v in self.row_state_init.items()}  # [R] each
+        self.pruned = np.zeros(len(tables), dtype=np.int64)  # chunks pruned, per table
+        self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
+        self.step = 0
+
+    # ------------------------------------------------------------------ rows
+
+    def _grow_storage(self) -> None:
+        cap, old = self.index.row_capacity, self.cmap.shape[0]
+        if cap <= old:
+            return
+        cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)
+        cmap[:old] = self.cmap
+        self.cmap = cmap
+        self.next_imp = np.concatenate([self.next_imp, np.zeros(cap - old, dtype=np.float32)])
+        for n, s in self.row_state.items():
+            self.row_state[n] = torch.cat([s, torch.full((cap - old,), self.row_state_init[n])])
+
+    def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """New rows get ``init_chunks`` chunks holding the same values a TableGroup would give them."""
+        self._set_chunks(rows, np.full(rows.shape[0], self.init_chunks, dtype=np.int64))
+        w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
+        engine_kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
+        kernels.scatter_rows(self.chunks.weights.numpy(), self.cmap, rows, w)
+        self.next_imp[rows] = 0.0
+        r = torch.from_numpy(rows)
+        for n, s in self.row_state.items():
+            s.index_fill_(0, r, self.row_state_init[n])
+
+    def _set_chunks(self, rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Give each of ``rows`` (unique) exactly ``counts`` live chunks; freed chunks are reused first.
+
+        New chunks are zero with fresh optimizer state. Returns the rows' previous counts
+        and the chunk numbers freed (in row, then position order).
+        """
+        pos = np.arange(self.n_pos)
+        live = self.live_chunks(rows)
+        shrink = counts < live
+        freed = np.empty(0, dtype=np.int64)
+        if shrink.any():
+            r = rows[shrink]
+            sub = self.cmap[r]  # [S, K]
+            mask = (pos >= counts[shrink, None]) & (pos < live[shrink, None])
+            freed = sub[mask].astype(np.int64)
+            sub[mask] = -1
+            self.cmap[r] = sub
+            self.chunks.free(freed)
+        grow = counts > live
+        if grow.any():
+            r = rows[grow]
+            mask = (pos >= live[grow, None]) & (pos < counts[grow, None])
+            ids = self.chunks.alloc(int(mask.sum()))
+            sub = self.cmap[r]
+            sub[mask] = ids
+            self.cmap[r] = sub
+        return live, freed
+
+    def set_row_dims(self, rows: np.ndarray, dims: np.ndarray) -> None:
+        """Prune (or grow, with zeros) ``rows`` to ``dims`` dims each, multiples of the chunk."""
+        dims = np.asarray(dims, dtype=np.int64)
+        if (dims % self.chunk).any() or (dims < 0).any() or (dims > self.dim).any():
+            raise ValueError(f"row dims must be multiples of {self.chunk} in [0, {self.dim}]")
+        self._set_chunks(np.asarray(rows, dtype=np.int64), dims // self.chunk)
+
+    def live_chunks(self, rows: np.ndarray | None = None) -> np.ndarray:  # [n] int64
+        """Live chunk count (prefix length) of ``rows``, or of every row."""
+        if rows is None:
+            out = np.empty(self.num_rows, dtype=np.int64)
+            kernels.live_chunks(self.cmap, self.num_rows, out)
+            return out
+        return (self.cmap[rows] >= 0).sum(axis=1).astype(np.int64)
+
+    def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] dense, zeros past each prefix (and for -1)
+        out = torch.empty(rows.shape[0], self.dim)
+        kernels.gather_rows(self.chunks.weights.numpy(), self.cmap, rows, out.numpy())
+        return out
+
+    # ------------------------------------------------------------ forward / backward
+
+    def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
+        if fused:
+            return pool_chunked(self, rows, layout, train, anchor)
+        return pool_chunked_torch(self, rows, layout, train, anchor)
+
+    def update(self, rows: Tensor, grad: Tensor) -> None:
+        """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance."""
+        self.step += 1
+        cfg = self.optimizer
+        r, g = rows.numpy(), grad.detach().contiguous().numpy()
+        pw, cmap, imp, nxt, by = self.chunks.weights.numpy(), self.cmap, self.chunks.importance, self.next_imp, self.by_grad
+        lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
+        st = self.chunks.state
+        kind = cfg.kind
+        if kind is OptimizerKind.SGD:
+            kernels.sgd(pw, cmap, r, g, lr, wd, imp, nxt, by)
+        elif kind is OptimizerKind.ADAGRAD:
+            kernels.adagrad(pw, st["sum"].numpy(), cmap, r, g, lr, eps, wd, imp, nxt, by)
+        elif kind is OptimizerKind.ROWWISE_ADAGRAD:
+            s_row = self.row_state["sum"].numpy()
+            kernels.rowwise_adagrad(pw, s_row, cmap, r, g, lr, eps, wd, self.dim, imp, nxt, by)
+        elif kind is OptimizerKind.ADAM:
+            step_size = np.float32(_adam_step_size(cfg, self.step))
+            b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
+            kernels.adam(pw, st["exp_avg"].numpy(), st["exp_avg_sq"].numpy(), cmap, r, g, step_size, b1, b2, eps, wd, imp, nxt, by)
+        else:  # pragma: no cover - enum is closed
+            raise ValueError(kind)
+
+    # ----------------------------------------------------------------- pruning
+
+    def keep_scores(self, min_chunks: int, regrow: bool, margin: float) -> np.ndarray:  # [n_rows, K] float32
+        out = np.empty((self.num_rows, self.n_pos), dtype=np.float32)
+        kernels.row_scores(self.cmap, self.num_rows, self.chunks.importance, self.next_imp, min_chunks, regrow, margin, out)
+        return out
+
+    def apply_counts(self, counts: np.ndarray) -> tuple[int, int]:
+        """Set every row's chunk count to ``counts`` [n_rows] (each at most one more than now).
+
+        A pruned chunk's importance becomes its row's claim to grow back; a chunk that
+        grows back starts from zeros and fresh state, with that claim as its importance.
+        Returns (chunks pruned, chunks regrown).
+        """
+        rows = np.arange(self.num_rows, dtype=np.int64)
+        live = self.live_chunks()
+        shrink = np.flatnonzero(counts < live)
+        grow = np.flatnonzero(counts > live)
+        if (counts[grow] > live[grow] + 1).any():
+            raise ValueError("a row grows back at most one chunk per pruning step")
+        if shrink.size:
+            first = self.cmap[shrink, counts[shrink]]  # the first chunk each shrinking row loses
+            self.next_imp[shrink] = self.chunks.importance[first]
+        self._set_chunks(rows, counts)
+        if grow.size:
+            born = self.cmap[grow, live[grow]]
+            self.chunks.importance[born] = self.next_imp[grow]
+            self.next_imp[grow] = 0.0
+        tabs = self.index.row_tabs[: self.num_rows]
+        n = len(self.tables)
+        lost = np.bincount(tabs[shrink], weights=(live - counts)[shrink], minlength=n).astype(np.int64)
+        born_per_table = np.bincount(tabs[grow], minlength=n).astype(np.int64)
+        self.pruned += lost
+        self.regrown += born_per_table
+        return int(lost.sum()), int(grow.size)
+
+    def decay_importance(self, factor: float) -> None:
+        self.chunks.importance *= np.float32(factor)
+        self.next_imp[: self.num_rows] *= np.float32(factor)
+
+    def compact(self) -> None:
+        """Shrink the pool to its live chunks and rewrite the chunk maps."""
+        first_moved = self.chunks.num_live
+        old_cap = self.chunks.capacity
+        src, dst = self.chunks.compact()
+        if src.size:
+            moved_to = np.full(old_cap - first_moved, -1, dtype=np.int32)
+            moved_to[src - first_moved] = dst
+            kernels.remap_chunks(self.cmap, self.num_rows, first_moved, moved_to)
+
+    # ----------------------------------------------------------- reporting
+
+    def dim_histogram(self) -> np.ndarray:  # [K+1] rows with 0, c, 2c, ..., D dims
+        return np.bincount(self.live_chunks(), minlength=self.n_pos + 1)
+
+    def bytes_per_row(self) -> int:  # bytes of one full-dim row: weights, optimizer state, importance
+        return self.n_pos * self.chunks.bytes_per_chunk() + 4 * len(self.row_state)
+
+    def pool_bytes(self) -> int:  # bytes the pool has allocated (what the budget limits)
+        return self.chunks.nbytes()
+
+    def full_pool_bytes(self) -> int:  # bytes the pool would hold with every row at full dim
+        return self.num_rows * self.n_pos * self.chunks.bytes_per_chunk()
+
+    def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
+        rows = self.cmap.nbytes + self.next_imp.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
+        return self.chunks.nbytes() + rows + self.index.nbytes()
+
+    # ------------------------------------------------------------------- state
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """Rows of table ``t`` with their own dims, compactly.
+
+        ``ids`` [n], ``dims`` [n] int32, ``chunked.weights`` [sum(dims)] (each row's
+        prefix, rows in order), ``chunked.opt.<name>`` likewise for per-dim state,
+        ``opt.<name>`` [n] per-row state, ``chunked.importance`` [sum(dims)/c],
+        ``next_importance`` [n], ``pruned_chunks`` / ``regrown_chunks`` counters.
+        """
+        rows, ids = self.index.ids_of(t)
+        live = self.live_chunks(rows)
+        dmask = np.arange(self.dim) < (live * self.chunk)[:, None]  # [n, D]
+        cmask = np.arange(self.n_pos) < live[:, None]  # [n, K]
+        out = {
+            "ids": torch.from_numpy(ids.copy()),
+            "dims": torch.from_numpy((live * self.chunk).astype(np.int32)),
+            "chunked.weights": torch.from_numpy(self._gather_array(self.chunks.weights, rows)[dmask]),
+            "chunked.importance": torch.from_numpy(self.chunks.importance[self.cmap[rows][cmask]].copy()),
+            "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
+            "pruned_chunks": torch.tensor(int(self.pruned[t])),
+            "regrown_chunks": torch.tensor(int(self.regrown[t])),
+        }
+        for n, s in self.chunks.state.items():
+            out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_array(s, rows)[dmask])
+        for n, s in self.row_state.items():
+            out[f"opt.{n}"] = s[torch.from_numpy(rows)].clone()
+        return out
+
+    def _gather_array(self, chunks: Tensor, rows: np.ndarray) -> np.ndarray:  # [n, D]
+        out = np.empty((rows.shape[0], self.dim), dtype=np.float32)
+        kernels.gather_rows(chunks.numpy(), self.cmap, rows, out)
+        return out
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) rows from ``table_state`` output; a TableGroup's (full-dim) state loads too."""
+        ids = sd["ids"].numpy().astype(np.int64, copy=False)
+        rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).numpy()
+        dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
+        dims = np.full(ids.shape[0], self.dim) if dense else sd["dims"].numpy().astype(np.int64)
+        self._set_chunks(rows, dims // self.chunk)
+        dmask = np.arange(self.dim) < dims[:, None]
+        for name, chunks in [("weights", self.chunks.weights), *[(f"opt.{n}", s) for n, s in self.chunks.state.items()]]:
+            if dense:
+                values = sd[name].numpy()
+            else:
+                values = np.zeros((rows.shape[0], self.dim), dtype=np.float32)
+                values[dmask] = sd[f"chunked.{name}"].numpy()
+            kernels.scatter_rows(chunks.numpy(), self.cmap, rows, np.ascontiguousarray(values, dtype=np.float32))
+        for n, s in self.row_state.items():
+            s[torch.from_numpy(rows)] = sd[f"opt.{n}"]
+        cmask = np.arange(self.n_pos) < (dims // self.chunk)[:, None]
+        if dense:
+            self.chunks.importance[self.cmap[rows][cmask]] = 0.0
+            self.next_imp[rows] = 0.0
+        else:
+            self.chunks.importance[self.cmap[rows][cmask]] = sd["chunked.importance"].numpy()
+            self.next_imp[rows] = sd["next_importance"].numpy()
+            self.pruned[t] = int(sd["pruned_chunks"])
+            self.regrown[t] = int(sd["regrown_chunks"])

@@ -1,0 +1,93 @@
+"""Gather + pool of a pruned group's unique rows through their chunk maps.
+
+The same two paths as tierec/embedding/pool_ops.py, reading chunks instead of
+dense rows: ``pool_chunked`` (numba: the forward reads each row's live chunks
+straight into the output, dims past its prefix stay zero; the backward reduces
+the output gradient onto the unique rows with the engine's own kernel and
+hands it to ``group.update``, the chunked fused optimizer) and
+``pool_chunked_torch`` (gathers dense ``[U, D]`` rows, then ``embedding_bag``;
+for checking the fused path).
+
+The gradient of a pruned dim is still formed (it is the gradient of a zero
+input): the update does not apply it, it only adds its norm to the row's claim
+to grow that chunk back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tierec.embedding.pool_ops import BagLayout
+from tierec.embedding.pooling import backward_chunks, pool_backward
+from tierec.prune import kernels
+
+if TYPE_CHECKING:
+    from tierec.prune.group import PrunedGroup
+
+
+def _forward(group: PrunedGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
+    out = torch.empty(layout.batch, layout.n_features, group.dim)  # [B, F_g, D]
+    kernels.pool_forward(
+        group.chunks.weights.numpy(), group.cmap, rows, layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy()
+    )
+    return out
+
+
+class _PoolChunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
+        ctx.args = (group, rows, layout)
+        return _forward(group, rows, layout)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
+        group, rows, layout = ctx.args
+        grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
+        g = grad_out.contiguous().numpy()
+        pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, backward_chunks(group.dim), grad_rows.numpy())
+        group.update(torch.from_numpy(rows), grad_rows)
+        return None, None, None, None
+
+
+class _GatherChunked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: Tensor) -> Tensor:
+        ctx.group = group
+        ctx.save_for_backward(rows)
+        return group.gather(rows.numpy())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # [U, D], summed over duplicates
+        (rows,) = ctx.saved_tensors
+        ctx.group.update(rows, grad)
+        return None, None, None
+
+
+def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
+    """``rows`` [U] may hold -1 (unknown id at evaluation), which pools as zeros."""
+    if train:
+        return _PoolChunked.apply(anchor, group, rows, layout)
+    return _forward(group, rows, layout)
+
+
+def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
+    r = torch.from_numpy(rows)
+    emb = _GatherChunked.apply(anchor, group, r) if train else group.gather(rows)  # [U, D]
+    weights = None
+    if bool((layout.scale != 1.0).any()):
+        lengths = torch.from_numpy(np.diff(layout.offsets))
+        weights = torch.from_numpy(layout.scale).repeat_interleave(lengths)
+    pooled = F.embedding_bag(
+        torch.from_numpy(layout.inverse),
+        emb,
+        torch.from_numpy(layout.offsets),
+        mode="sum",
+        per_sample_weights=weights,
+        include_last_offset=True,
+    )
+    return pooled.view(layout.n_features, layout.batch, -1).transpose(0, 1)  # [B, F_g, D]

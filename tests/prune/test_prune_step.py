@@ -1,0 +1,191 @@
+"""The pruning step: budget / ratio met, bytes really fall, free-list reuse, regrowth, compaction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tierec.batch import SparseFeatures
+from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
+from tierec.embedding import EmbeddingCollection, TableConfig
+from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
+from tierec.prune.pruner import _threshold
+
+DIM, CHUNK = 8, 2
+
+
+def _coll(cfg: PruneConfig, kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD) -> EmbeddingCollection:
+    opt = OptimizerConfig(kind=kind, lr=0.05)
+    tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in ("hot", "weak")]
+    return EmbeddingCollection(tables, ["hot", "weak"], group_factory=pruned_group_factory(cfg))
+
+
+def _train(coll: EmbeddingCollection, steps: int, seed: int = 0, id_base: int = 0, weak_grad: float = 0.01) -> None:
+    """Zipf ids on both features; the loss barely depends on feature "weak" (its gradient is scaled down)."""
+    g = np.random.default_rng(seed)
+    for s in range(steps):
+        ids = np.minimum(g.zipf(1.3, size=(2, 64)), 400) + id_base
+        sp = SparseFeatures.one_hot(("hot", "weak"), torch.from_numpy(ids.T.copy()))
+        out = coll(sp)  # [B, 2, D]
+        scale = torch.tensor([1.0, weak_grad]).view(1, 2, 1)
+        target = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed * 1000 + s))
+        (((out - target) ** 2) * scale).sum().backward()
+
+
+def _group(coll: EmbeddingCollection) -> PrunedGroup:
+    return coll.groups[0]
+
+
+def test_ratio_is_met_and_bytes_really_fall() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=4.0)
+    coll = _coll(cfg)
+    _train(coll, 20)
+    g = _group(coll)
+    before_total, before_pool, cap = coll.nbytes(), g.pool_bytes(), g.chunks.capacity
+    assert g.dim_histogram()[-1] == g.num_rows  # every row starts at full dim
+    step = Pruner(coll, cfg).step()
+    assert step.pool_bytes <= g.full_pool_bytes() / 4 == step.target_bytes
+    assert g.pool_bytes() <= before_pool / 4 + 64  # the tensors really shrank (free-list array aside)
+    assert g.chunks.weights.shape[0] == g.chunks.capacity < cap / 4 + 1
+    assert coll.nbytes() < before_total
+    assert step.pruned > 0 and step.regrown == 0  # every row started at full dim
+
+
+def test_memory_budget_in_bytes() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, memory_budget=3000)
+    coll = _coll(cfg)
+    _train(coll, 10)
+    pruner = Pruner(coll, cfg)
+    pruner.step()
+    assert 2000 < _group(coll).pool_bytes() <= 3000
+
+
+def test_important_rows_keep_more_dims() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0)
+    coll = _coll(cfg)
+    _train(coll, 30)
+    Pruner(coll, cfg).step()
+    g = _group(coll)
+    live = g.live_chunks()
+    tabs = g.index.row_tabs[: g.num_rows]
+    hot_rows, weak_rows = np.flatnonzero(tabs == 0), np.flatnonzero(tabs == 1)
+    # the feature the loss hardly depends on loses more than the other, and frequent ids keep more
+    assert live[weak_rows].mean() < 0.5 * live[hot_rows].mean()
+    keys = g.index.row_keys[: g.num_rows]
+    head, tail = hot_rows[keys[hot_rows] <= 3], hot_rows[keys[hot_rows] > 50]
+    assert live[head].mean() == DIM // CHUNK and live[tail].mean() < 0.7 * (DIM // CHUNK)
+
+
+def test_frequency_importance_ignores_the_gradient() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0, importance="frequency")
+    coll = _coll(cfg)
+    _train(coll, 30)
+    Pruner(coll, cfg).step()
+    g = _group(coll)
+    live, tabs = g.live_chunks(), g.index.row_tabs[: g.num_rows]
+    assert abs(live[tabs == 0].mean() - live[tabs == 1].mean()) < 0.5  # both features alike
+
+
+def test_freed_chunks_are_reused_before_the_pool_grows() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK)
+    coll = _coll(cfg)
+    _train(coll, 10)
+    g = _group(coll)
+    cap = g.chunks.capacity
+    rows = np.arange(0, g.num_rows, 2)
+    freed = set(g.cmap[rows].ravel().tolist())
+    g.set_row_dims(rows, np.zeros(rows.size, dtype=np.int64))  # frees chunks without compacting
+    free_before = g.chunks.num_free
+    rows_before = g.num_rows
+    _train(coll, 1, seed=7, id_base=10_000)  # new ids: new full-dim rows
+    new_chunks = (g.num_rows - rows_before) * (DIM // CHUNK)
+    assert 0 < new_chunks <= len(freed)
+    assert g.chunks.capacity == cap and g.chunks.num_free == free_before - new_chunks
+    new_ids = g.cmap[rows_before : g.num_rows].ravel()
+    assert set(new_ids.tolist()) <= freed  # the freed chunks, not the pool's spare tail
+
+
+def test_pool_over_budget_is_compacted_even_when_little_is_free() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=2.0, compact_free_fraction=1.0)
+    coll = _coll(cfg)
+    _train(coll, 10)
+    pruner = Pruner(coll, cfg)
+    step = pruner.step()
+    g = _group(coll)
+    assert step.pruned > 0 and g.chunks.num_free == 0 and pruner.compactions == 1
+    assert g.pool_bytes() <= step.target_bytes
+
+
+def test_compaction_keeps_every_row_and_state() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, compact_free_fraction=1.0)
+    coll = _coll(cfg, OptimizerKind.ADAM)
+    _train(coll, 5)
+    g = _group(coll)
+    rows = np.arange(g.num_rows)
+    g.set_row_dims(rows, (rows % 5) * CHUNK)
+    before = {k: v.clone() for k, v in g.table_state(0).items()}
+    w = g.gather(rows)
+    g.compact()
+    assert g.chunks.num_free == 0 and g.chunks.capacity == g.live_chunks().sum()
+    assert torch.equal(g.gather(rows), w)
+    after = g.table_state(0)
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    _train(coll, 2, seed=3)  # and it still trains
+
+
+def test_pruned_chunks_grow_back_when_the_row_becomes_important() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=8.0, regrow_margin=1.0, decay=0.1)
+    coll = _coll(cfg)
+    _train(coll, 10)
+    pruner = Pruner(coll, cfg)
+    pruner.step()
+    g = _group(coll)
+    # feature "weak" becomes the one that matters: its rows claim chunks back
+    _train(coll, 20, seed=5, weak_grad=100.0)
+    live_before = g.live_chunks()
+    step = pruner.step()
+    assert step.regrown > 0 and g.regrown.sum() == step.regrown
+    grown = np.flatnonzero(g.live_chunks() > live_before)
+    assert grown.size and (g.index.row_tabs[grown] == 1).mean() > 0.9
+    assert (g.live_chunks()[grown] == live_before[grown] + 1).all()  # one chunk per step
+    stats = pruner.stats()
+    assert stats["regrown_chunks"] == step.regrown and stats["pruned_chunks"] > 0
+    assert sum(stats["dim_hist"].values()) == g.num_rows
+
+
+def test_no_regrowth_when_disabled() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=8.0, regrow=False)
+    coll = _coll(cfg)
+    _train(coll, 10)
+    pruner = Pruner(coll, cfg)
+    pruner.step()
+    live = _group(coll).live_chunks()
+    _train(coll, 10, seed=5, weak_grad=100.0)
+    assert pruner.step().regrown == 0
+    assert (_group(coll).live_chunks()[: live.size] <= live).all()
+
+
+def test_threshold_ties_and_mixed_chunk_sizes() -> None:
+    s = np.array([[3, 2, 2, 1]], dtype=np.float32)
+    assert (s >= _threshold([s], [10], 30)).sum() == 3
+    assert (s >= _threshold([s], [10], 25)).sum() == 1  # the tie at 2 would exceed 25 bytes
+    assert _threshold([s], [10], 100) == -np.inf
+    a, b = np.array([[5.0, 1.0]], np.float32), np.array([[4.0, 3.0]], np.float32)
+    t = _threshold([a, b], [10, 20], 40)  # 5 (10 B) + 4 (20 B) fit, 3 does not
+    assert (a >= t).sum() == 1 and (b >= t).sum() == 1
+
+
+@pytest.mark.parametrize("kind", list(OptimizerKind))
+def test_every_optimizer_prunes_and_trains(kind: OptimizerKind) -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=2.0, every=5)
+    coll = _coll(cfg, kind)
+    pruner = Pruner(coll, cfg)
+    for s in range(1, 16):
+        _train(coll, 1, seed=s)
+        if pruner.due(s):
+            pruner.step()
+    g = _group(coll)
+    assert g.pool_bytes() <= g.full_pool_bytes() / 2 + g.chunks.bytes_per_chunk() * 200
+    assert torch.isfinite(g.chunks.weights).all()

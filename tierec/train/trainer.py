@@ -153,7 +153,7 @@ class Trainer:
         parts.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # embedding rows are updated here, by their fused optimizers
         parts.optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> dict[str, float]:
         result = evaluate(self.cfg, parts)

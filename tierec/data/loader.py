@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -111,19 +112,19 @@ class BackgroundLoader:
             raise ValueError(f"BackgroundLoader depth must be >= 1, got {depth}")
         self.source = source
         self.depth = depth
-        self._passes: list[Generator[Batch, None, None]] = []
+        # Weak: an abandoned pass must stay collectable, so that dropping it stops its thread.
+        self._passes: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()
 
     def __iter__(self) -> Iterator[Batch]:
-        self._passes = [g for g in self._passes if g.gi_frame is not None]  # drop finished passes
-        gen = prefetch(lambda: iter(self.source), self.depth, name="tierec-loader")
-        self._passes.append(gen)
+        source = self.source  # the producer thread must not reference the loader (and through it the pass)
+        gen = prefetch(lambda: iter(source), self.depth, name="tierec-loader")
+        self._passes.add(gen)
         return gen
 
     def close(self) -> None:
         """Stop every pass still running and join its thread."""
-        for gen in self._passes:
+        for gen in list(self._passes):
             gen.close()
-        self._passes = []
 
     def __enter__(self) -> BackgroundLoader:
         return self

@@ -161,7 +161,7 @@ class PlantedModel:
     dense_weights: np.ndarray  # [D] float64
     dense_mean: np.ndarray  # [D] float64
     bias: float
-    importance: np.ndarray  # [F] float64, standard deviation of each feature's logit term
+    importance: np.ndarray  # [F] float64, std of each feature's logit terms (interactions shared out)
     ids_per_feature: int
     zipf_mode: int  # 0 uniform, 1 exponent 1, 2 other exponents
     zipf_c: np.ndarray  # [F] float64, per-feature constant of the inverse CDF
@@ -175,29 +175,32 @@ class PlantedModel:
         keys = np.array([[seeded(seed, 1, f, 0) & _M32, seeded(seed, 1, f, 1) & _M32] for f in range(n_feat)], np.uint64)
         effect_keys = np.array([seeded(seed, 2, f) for f in range(n_feat)], np.uint64)
         latent_keys = np.array([seeded(seed, 3, f) for f in range(n_feat)], np.uint64)
-        rng = np.random.default_rng(int(seeded(seed, 4)))
+        # Model constants come from seeded(), not numpy's RNG, whose streams may change across versions.
         k = cfg.ids_per_feature
         # Per-id part: feature f's term a_f * E_f has variance share_f * 0.6 * LOGIT_STD**2.
         h2 = np.array([_mean_decay_sq(int(c), cfg.zipf) for c in cards])  # E[h(r)^2]
-        order = rng.permutation(n_feat)
+        order = np.argsort(np.argsort(_uniforms(seed, 4, n_feat)))  # importance rank of each feature
         share = IMPORTANCE_RATIO ** order.astype(np.float64)
         share /= share.sum()
         var_e = h2 / k  # Var(E_f): a bag mean of k independent effects
         importance = LOGIT_STD * np.sqrt(SHARES[1] * share)
         weights = importance / np.sqrt(var_e)
-        # Interactions among N_INTERACTING features (those with >= 8 ids if possible).
-        candidates = [f for f in rng.permutation(n_feat).tolist() if cards[f] >= 8] or list(range(n_feat))
+        # Interactions among the N_INTERACTING most important features with >= 8 ids, so the
+        # unimportant features stay unimportant.
+        by_importance = np.argsort(order).tolist()
+        candidates = [f for f in by_importance if cards[f] >= 8] or by_importance
         inter = sorted(candidates[:N_INTERACTING])
         latent_slot = np.full(n_feat, -1, np.int64)
         latent_slot[inter] = np.arange(len(inter))
         pairs = np.array([(a, b) for a in range(len(inter)) for b in range(a + 1, len(inter))], np.int64).reshape(-1, 2)
         pair_std = np.array([math.sqrt(LATENT_DIM * h2[inter[a]] * h2[inter[b]]) / k for a, b in pairs])
         pair_weights = LOGIT_STD * math.sqrt(SHARES[2] / max(len(pairs), 1)) / pair_std
+        importance[inter] = np.sqrt(importance[inter] ** 2 + LOGIT_STD**2 * SHARES[2] / len(inter))
         # Dense part: d_j = scale_j * |z| (half-normal), weights of random sign.
-        dense_scale = rng.uniform(0.5, 2.0, n_dense)
+        dense_scale = 0.5 + 1.5 * _uniforms(seed, 6, n_dense)
         dense_mean = dense_scale * math.sqrt(2.0 / math.pi)
         dense_var = dense_scale**2 * (1.0 - 2.0 / math.pi)
-        raw = rng.normal(size=n_dense)
+        raw = np.array([pseudo_normal(seeded(seed, 7, j)) for j in range(n_dense)])
         dense_weights = raw * LOGIT_STD * math.sqrt(SHARES[0] / max(float((raw**2 * dense_var).sum()), 1e-12))
         # Ranks: x = (1 + u * c)^(1 / (1 - s)) is a power law on [1, n + 1); rank = floor(x) - 1.
         s = cfg.zipf
@@ -249,6 +252,11 @@ class PlantedModel:
             self.decay_rank, out,
         )  # fmt: skip
         return out
+
+
+def _uniforms(seed: int, tag: int, n: int) -> np.ndarray:
+    """``n`` numbers in [0, 1) from the seed (stable across numpy versions)."""
+    return np.array([float(seeded(seed, tag, i) >> np.uint64(11)) / 2.0**53 for i in range(n)])
 
 
 def _mean_decay_sq(n: int, zipf: float) -> float:

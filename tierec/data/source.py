@@ -204,6 +204,8 @@ def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta
 
 
 def _open_file(path: str, fmt: str, cfg: DataConfig) -> TextFile | ParquetFile:
+    if not Path(path).exists():  # before any schema complaint
+        raise DataError(f"{path}: no such file")
     schema = resolve_schema(cfg.schema, fmt)
     return ParquetFile.open(path, schema) if fmt == "parquet" else TextFile.open(path, schema)
 

@@ -154,14 +154,15 @@ class TextFile:
                 block, err = parser.parse(batch)
                 bad_rows = np.flatnonzero(err)
                 lines, invalid = tracker.advance(batch.num_rows, bad_rows)
-                problems = sorted(invalid + [(line, (batch, int(r))) for line, r in zip(lines, bad_rows)], key=lambda x: x[0])
+                bad: list[Problem] = [(line, (batch, int(r))) for line, r in zip(lines, bad_rows)]
+                problems: list[Problem] = sorted([*invalid, *bad], key=lambda x: x[0])
                 _report(problems, report, strict, self.display, parser, err)
                 yield block.select(err == 0) if len(bad_rows) else block
         except pa.ArrowInvalid as e:
             raise DataError(f"{self.display}: {str(e).splitlines()[0]}") from None
         finally:
             batches.close()
-        _report(list(tracker.invalid), report, strict, self.display, parser, None)
+        _report(list(tracker.invalid), report, strict, self.display, parser, None)  # rejected lines after the last row
 
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
@@ -175,8 +176,11 @@ def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
     return list(table.column_names)
 
 
+Problem = tuple[int, "str | tuple[pa.RecordBatch, int]"]  # (file line, message or (batch, row) to describe)
+
+
 def _report(
-    problems: list, report: ProblemReport, strict: bool, display: str, parser: BlockParser, err: np.ndarray | None
+    problems: list[Problem], report: ProblemReport, strict: bool, display: str, parser: BlockParser, err: np.ndarray | None
 ) -> None:
     """Record problems in line order: ``(line, message)`` or ``(line, (batch, row))``."""
     for line, what in problems:

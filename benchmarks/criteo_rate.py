@@ -1,0 +1,70 @@
+"""How fast the readers parse raw Criteo text, and how fast shards stream back.
+
+    python -m benchmarks.criteo_rate --copies 100
+
+The Criteo sample (``../shared/data/criteo/train_head10000.txt``, not part of the
+repository) is concatenated ``--copies`` times into a temporary file, which is
+then read through ``open_source`` (Criteo TSV), written as shards and read back.
+Prints rows/s (median of ``--repeats``); the temporary files are removed.
+
+>>> from benchmarks.criteo_rate import main
+>>> main(["--copies", "1", "--repeats", "1", "--quiet"])
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tierec.config import DataConfig
+from tierec.data import open_source, preprocess
+
+SAMPLE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "criteo" / "train_head10000.txt"
+
+
+def _rate(cfg: DataConfig, batch: int, repeats: int) -> tuple[float, int]:
+    rates, rows = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rows = sum(b.size for b in open_source(cfg, "train", batch))
+        rates.append(rows / (time.perf_counter() - t0))
+    return statistics.median(rates), rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.criteo_rate", description=__doc__.split("\n")[0])
+    p.add_argument("--sample", type=Path, default=SAMPLE)
+    p.add_argument("--copies", type=int, default=100)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    if not a.sample.exists():
+        print(f"{a.sample} not found; nothing to measure")
+        return 0
+    text = a.sample.read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "criteo.txt"
+        with path.open("wb") as fh:
+            for _ in range(a.copies):
+                fh.write(text)
+        cfg = DataConfig(source=str(path), test_fraction=0)
+        parse, rows = _rate(cfg, a.batch, a.repeats)
+        t0 = time.perf_counter()
+        preprocess(cfg, Path(tmp) / "shards", progress=False)
+        write = rows / (time.perf_counter() - t0)
+        shards, _ = _rate(DataConfig(source=str(Path(tmp) / "shards")), a.batch, a.repeats)
+    if not a.quiet:
+        print(f"Criteo rows/s, {rows:,} rows ({a.copies} copies of the sample), batch {a.batch}, median of {a.repeats}")
+        print(f"  parse raw TSV (open_source)     {parse:>12,.0f}")
+        print(f"  preprocess to shards            {write:>12,.0f}")
+        print(f"  read shards (open_source)       {shards:>12,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""How fast the synthetic generator makes rows (target: >= 1M rows/s on 2 cores).
+
+    python -m benchmarks.synthetic_rate --rows 2000000 --batch 4096 --repeats 3
+
+Prints the median rows/s of three paths: the generator alone (``SyntheticData``),
+``open_source`` (torch Batches) and ``open_source`` behind a ``BackgroundLoader``.
+The shared machine is noisy, so this is a script and not a timed unit test.
+
+>>> from benchmarks.synthetic_rate import main
+>>> main(["--rows", "8192", "--repeats", "1", "--quiet"])
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import numba
+
+from tierec.config import DataConfig, SyntheticConfig
+from tierec.data import BackgroundLoader, SyntheticData, open_source
+
+
+def _rate(rows: int, run: Callable[[], Iterable[object]], repeats: int) -> float:
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in run():
+            pass
+        rates.append(rows / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.synthetic_rate", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ids-per-feature", type=int, default=1)
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    cfg = DataConfig(synthetic=SyntheticConfig(train_rows=a.rows, ids_per_feature=a.ids_per_feature))
+    data = SyntheticData(cfg.synthetic)
+    data.block("train", 0, a.batch)  # compile (or load the numba cache) outside the timing
+    results = {
+        "generator": _rate(a.rows, lambda: data.blocks("train", 0, a.batch), a.repeats),
+        "open_source": _rate(a.rows, lambda: open_source(cfg, "train", a.batch), a.repeats),
+        "open_source + BackgroundLoader": _rate(
+            a.rows, lambda: BackgroundLoader(open_source(cfg, "train", a.batch), depth=4), a.repeats
+        ),
+    }
+    if not a.quiet:
+        print(f"synthetic rows/s, {a.rows:,} rows, batch {a.batch}, {numba.get_num_threads()} numba threads, "
+              f"ids_per_feature {a.ids_per_feature}, median of {a.repeats}")  # fmt: skip
+        for name, rate in results.items():
+            print(f"  {name:32s} {rate:>12,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -108,6 +108,9 @@ class Pruner:
 
     # --------------------------------------------------------------- reports
 
+    def counts(self) -> tuple[int, int]:  # chunks pruned, regrown since the start (cheap)
+        return int(sum(g.pruned.sum() for g in self.groups)), int(sum(g.regrown.sum() for g in self.groups))
+
     def stats(self) -> dict:
         """Allocated bytes, the histogram of row dims, pruned / regrown chunk counts (since the start)."""
         hist: dict[int, int] = {}
@@ -121,8 +124,8 @@ class Pruner:
             "full_pool_bytes": sum(g.full_pool_bytes() for g in self.groups),
             "target_bytes": self.target_bytes(),
             "dim_hist": dict(sorted(hist.items())),
-            "pruned_chunks": int(sum(g.pruned.sum() for g in self.groups)),
-            "regrown_chunks": int(sum(g.regrown.sum() for g in self.groups)),
+            "pruned_chunks": self.counts()[0],
+            "regrown_chunks": self.counts()[1],
             "compactions": self.compactions,
         }
 

@@ -22,6 +22,7 @@ from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
 from tierec.models import CTRModel, build_model, model_class
+from tierec.prune import Pruner, pruned_group_factory
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
 WIDE_INIT_SCALE = 1e-3
@@ -33,12 +34,17 @@ class Components:
     wide: EmbeddingCollection | None
     model: CTRModel
     optimizer: torch.optim.Optimizer
+    pruner: Pruner | None = None  # prunes the dims of `embeddings` every cfg.prune.every steps
 
     @staticmethod
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
         seed, device = cfg.train.seed, cfg.train.device
         torch.manual_seed(seed)
-        emb = EmbeddingCollection(tables_from_config(cfg.embedding, feature_names), feature_names, seed=seed, device=device)
+        # Pruning stores the main tables as chunks; the dim-1 wide tables stay plain.
+        factory = pruned_group_factory(cfg.prune) if cfg.prune.enabled else None
+        emb = EmbeddingCollection(
+            tables_from_config(cfg.embedding, feature_names), feature_names, seed=seed, device=device, group_factory=factory
+        )
         wide = None
         if model_class(cfg.model.name).uses_wide:
             wide_cfg: EmbeddingConfig = dataclasses.replace(cfg.embedding, init_scale=WIDE_INIT_SCALE)
@@ -52,7 +58,8 @@ class Components:
         if len(dims) != 1:
             raise ValueError(f"the models need one embedding dim for all features, got {sorted(dims)}")
         model = build_model(cfg.model, n_dense=n_dense, n_sparse=len(feature_names), dim=dims.pop()).to(device)
-        return Components(emb, wide, model, _dense_optimizer(cfg, model))
+        pruner = Pruner(emb, cfg.prune) if cfg.prune.enabled else None
+        return Components(emb, wide, model, _dense_optimizer(cfg, model), pruner)
 
     def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
         emb = self.embeddings(batch.sparse)  # [B, F, D]

@@ -59,6 +59,14 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
 
+def _prune_postfix(parts: Components) -> dict[str, str]:
+    """With pruning: allocated embedding bytes and chunks pruned / regrown so far, for the progress bar."""
+    if parts.pruner is None:
+        return {}
+    pruned, regrown = parts.pruner.counts()
+    return {"emb_MB": f"{parts.embedding_bytes() / 2**20:.1f}", "pruned": str(pruned), "regrown": str(regrown)}
+
+
 def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
@@ -101,15 +109,21 @@ class Trainer:
                 for batch in loader:
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
+                    pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
+                    if pruning:
+                        parts.pruner.step()  # its cost counts in the throughput
                     busy += time.perf_counter() - t0
                     samples += batch.size
                     pos.step += 1
                     pos.batch_in_epoch += 1
                     rate = samples / max(busy, 1e-9)
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows())
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows(), **_prune_postfix(parts))
+                    if pruning:
+                        self._log_prune(parts, log, pos, bar)
                     if pos.step % 50 == 0 or pos.step == total:
-                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate})
+                        bytes_ = parts.embedding_bytes()
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._eval(parts, log, pos, bar)
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
@@ -121,6 +135,9 @@ class Trainer:
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
         bar.close()
+        if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
+            parts.pruner.step()  # the evaluated and saved model meets the budget too
+            self._log_prune(parts, log, pos, None)
 
         # 3. evaluate and save
         result = self._eval(parts, log, pos, None)
@@ -137,6 +154,8 @@ class Trainer:
             "peak_memory_bytes": peak_memory_bytes(),
             "run_dir": str(self.run_dir),
         }
+        if parts.pruner is not None:
+            summary["prune"] = parts.pruner.stats()
         if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
             summary["planted_auc"] = planted_auc(cfg, result["rows"])
         log.write({"kind": "final", **summary})
@@ -154,6 +173,19 @@ class Trainer:
         loss.backward()  # embedding rows are updated here, by their fused optimizers
         parts.optimizer.step()
         return float(loss.detach())
+
+    def _log_prune(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> None:
+        """A "prune" metrics record, and one progress line: bytes, chunks pruned / regrown, rows per dim."""
+        stats = parts.pruner.stats()
+        log.write({"kind": "prune", "step": pos.step, "threshold": parts.pruner.last.threshold, **stats})
+        if self.cfg.train.progress:
+            mb = 2.0**-20
+            line = (
+                f"step {pos.step}: pruned {stats['pruned_chunks']} / regrown {stats['regrown_chunks']} chunks so far; "
+                f"embedding {stats['embedding_bytes'] * mb:.1f} MB, chunk pools {stats['pool_bytes'] * mb:.1f} MB "
+                f"(target {stats['target_bytes'] * mb:.1f}); rows per dim {stats['dim_hist']}"
+            )
+            (bar.write if bar is not None else self.echo)(line)
 
     def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> dict[str, float]:
         result = evaluate(self.cfg, parts)

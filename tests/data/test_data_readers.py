@@ -136,6 +136,15 @@ def test_multi_valued_hex_and_tsv(tmp_path: Path) -> None:
     assert b.sparse["c"].values.tolist() == [0x0A, 0xFF] and b.sparse["c"].lengths.tolist() == [2, 0]
 
 
+def test_crlf_and_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"\xef\xbb\xbfy,x,c\r\n1,2,a\r\n0,3,b\r\n")
+    cfg = DataConfig(source=str(path), schema=SchemaConfig(label="y", dense=["x"], categorical=["c"]), test_rows=1)
+    (train,), (test,) = read_all(cfg, "train"), read_all(cfg, "test")
+    assert train.dense.tolist() == [[2.0]] and test.dense.tolist() == [[3.0]]
+    assert test.sparse["c"].values.tolist() == [hash_text_id("c", "b")]
+
+
 def test_headerless_csv_with_columns(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("1,7,u1\n0,8,u2\n")

@@ -153,5 +153,5 @@ class BackgroundLoader:
         return self.source.num_batches
 
     @property
-    def problems(self) -> ProblemReport | None:
+    def problems(self) -> ProblemReport:
         return self.source.problems

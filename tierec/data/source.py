@@ -46,7 +46,9 @@ class _Rows(Protocol):
         """Blocks from row ``start_row`` on; ``block_rows`` is a size hint (the batch size)."""
         ...
 
-    def new_report(self) -> ProblemReport | None: ...
+    def new_report(self) -> ProblemReport | None:
+        """A fresh report for a pass (None: nothing is parsed, keep the recorded one)."""
+        ...
 
 
 class BatchSource:
@@ -65,7 +67,7 @@ class BatchSource:
         self.batch_size = batch_size
         self.start_batch = start_batch
         self.drop_last = drop_last
-        self.problems: ProblemReport | None = meta.recorded_problems
+        self.problems: ProblemReport = meta.problems
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -125,7 +127,7 @@ class SourceMeta:
     dense_names: tuple[str, ...]
     multi_hot: tuple[str, ...]
     num_rows: int | None
-    recorded_problems: ProblemReport | None = None
+    problems: ProblemReport  # before any pass: empty, or what the shards recorded
 
 
 def open_source(cfg: DataConfig, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False) -> BatchSource:
@@ -186,7 +188,7 @@ def _split_of(cfg: DataConfig, split: str) -> tuple[_Rows, SourceMeta]:
         first, stop = (0, n - n_test) if split == "train" else (n - n_test, n)
         if split == "test" and n_test == 0:
             raise NoSplitError(f"{cfg.source}: no test split (data.test_rows and data.test_fraction are 0; or set data.test_source)")
-    return _FileRows(file, first, stop, cfg.strict), _file_meta(file.schema, stop - first)
+    return _FileRows(file, first, stop, cfg.strict), _file_meta(file, stop - first)
 
 
 def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta]:
@@ -200,7 +202,7 @@ def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta
             shards.feature_names, shards.dense_names, shards.multi_hot, shards.num_rows("test"), shards.problems("test")
         )
     file = _open_file(path, fmt, cfg)
-    return _FileRows(file, 0, file.data_lines, cfg.strict), _file_meta(file.schema, file.data_lines)
+    return _FileRows(file, 0, file.data_lines, cfg.strict), _file_meta(file, file.data_lines)
 
 
 def _open_file(path: str, fmt: str, cfg: DataConfig) -> TextFile | ParquetFile:
@@ -210,8 +212,13 @@ def _open_file(path: str, fmt: str, cfg: DataConfig) -> TextFile | ParquetFile:
     return ParquetFile.open(path, schema) if fmt == "parquet" else TextFile.open(path, schema)
 
 
-def _file_meta(schema: Schema, num_rows: int) -> SourceMeta:
-    return SourceMeta(schema.categorical, schema.dense, schema.multi_valued, num_rows)
+def _file_meta(file: TextFile | ParquetFile, num_rows: int) -> SourceMeta:
+    s = file.schema
+    return SourceMeta(s.categorical, s.dense, s.multi_valued, num_rows, _new_report(file))
+
+
+def _new_report(file: TextFile | ParquetFile) -> ProblemReport:
+    return ProblemReport(file.display, "row" if isinstance(file, ParquetFile) else "line")
 
 
 class _SyntheticRows:
@@ -230,7 +237,7 @@ class _FileRows:
         self.file, self.first, self.stop, self.strict = file, first, stop, strict
 
     def new_report(self) -> ProblemReport | None:
-        return ProblemReport(self.file.display, "row" if isinstance(self.file, ParquetFile) else "line")
+        return _new_report(self.file)
 
     def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
         assert report is not None

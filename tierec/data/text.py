@@ -166,6 +166,7 @@ class TextFile:
 
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
+    line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first name
     try:
         table = pacsv.read_csv(
             io.BytesIO(line),

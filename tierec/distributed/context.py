@@ -1,0 +1,106 @@
+"""DistContext: who this process is in a job, and the process groups it talks on.
+
+Nothing about the job lives in module state: ranks, groups, the rendezvous
+store and the device travel in one ``DistContext`` that every distributed
+object receives. ``init_distributed`` builds it from torchrun's environment
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...);
+``DistContext.single()`` is the one-process context, with no groups at all.
+
+Two groups: the default one carries DDP's gradient buckets and metrics, a
+second one (``sparse_group``) the embedding all-to-alls, so that a sparse
+exchange issued asynchronously never has to be ordered against DDP's buckets.
+
+>>> from tierec.distributed.context import DistContext
+>>> ctx = DistContext.single()
+>>> ctx.rank, ctx.world_size, ctx.is_main, ctx.is_distributed
+(0, 1, True, False)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numba
+import torch
+import torch.distributed as dist
+
+from tierec.config import DistConfig
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment describes a multi-process job (torchrun sets these)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dense_group: dist.ProcessGroup | None = None  # DDP buckets, metrics, checkpoint barriers
+    sparse_group: dist.ProcessGroup | None = None  # embedding id / row / gradient exchanges
+    store: dist.Store | None = None  # the rendezvous store (heartbeats)
+    timeout: timedelta = timedelta(seconds=300)
+
+    @staticmethod
+    def single(device: torch.device | str = "cpu") -> DistContext:
+        return DistContext(device=torch.device(device))
+
+    @property
+    def is_main(self) -> bool:  # rank 0 prints progress and writes metrics
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier(group=self.dense_group)
+
+    def close(self) -> None:
+        """Tear the process groups down (only after a clean finish: a broken group may hang)."""
+        if self.is_distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) -> DistContext:
+    """Join the job torchrun described in the environment; one process gets ``single()``.
+
+    ``threads`` (0 = share the cores evenly between the node's processes) sets
+    torch's and numba's thread counts, so N processes do not each start one
+    thread per core.
+    """
+    if not launched_by_torchrun():
+        return DistContext.single(device)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
+    timeout = timedelta(seconds=cfg.timeout_s)
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    # Embedding exchanges are CPU tensors (ids, rows): gloo even when the dense part runs on NCCL.
+    sparse = dist.new_group(backend="gloo", timeout=timeout)
+    n = threads or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    return DistContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        device=dev,
+        dense_group=dist.group.WORLD,
+        sparse_group=sparse,
+        store=store,
+        timeout=timeout,
+    )

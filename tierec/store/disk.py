@@ -1,0 +1,270 @@
+"""DiskTier: fixed-size row records in a file on local disk, with a bounded RAM footprint.
+
+A record is ``[lid | weights | optimizer state]`` (float32, the lid stored as
+int32 bits) at byte ``slot * record_bytes``. Writes are log-structured: rows
+leaving the faster tiers are appended in one sequential write per batch, and
+the old copy's slot is marked dead, so a write never costs the random
+read-modify-write of a partly overwritten page. The file is cut into
+segments; a segment with no live record is reused, and :meth:`compact`
+rewrites the live records of the emptiest segment when dead space exceeds the
+live data (the lid in each record tells the caller whose home moved).
+
+Reads are random ``pread`` calls issued from numba kernels that release the
+GIL, from several threads at once (the device's queue depth), with adjacent
+slots merged into one call. After each batch of I/O the file's pages are
+dropped from the page cache (``POSIX_FADV_DONTNEED``), so the kernel does not
+quietly keep the table in RAM and disk reads in benchmarks are real.
+
+The file is unlinked as soon as it is opened: it disappears with the process.
+
+>>> import numpy as np, tempfile
+>>> from tierec.store.disk import DiskTier
+>>> d = DiskTier(tempfile.gettempdir(), width=2, segment_rows=4)
+>>> slots = d.append(np.array([10, 11, 12]), np.arange(6, dtype=np.float32).reshape(3, 2))
+>>> d.read(slots[::-1]).tolist()
+[[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]]
+>>> d.free(slots[:1]); d.live_rows
+2
+>>> d.close()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import numba as nb
+import numpy as np
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_pread = _LIBC.pread
+_pread.restype = ctypes.c_ssize_t
+_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+
+
+@nb.njit(nogil=True)  # not cached: it calls a ctypes function by address
+def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out):
+    """Read runs of consecutive records into ``out`` rows ``run_dst[r] ..``; 0 or -1 on error."""
+    base = out.ctypes.data
+    for r in range(run_slot.shape[0]):
+        nbytes = run_len[r] * rec_bytes
+        off = run_slot[r] * rec_bytes
+        dst = base + run_dst[r] * rec_bytes
+        done = 0
+        while done < nbytes:
+            got = _pread(fd, dst + done, nbytes - done, off + done)
+            if got <= 0:
+                return -1
+            done += got
+    return 0
+
+
+def _runs(sorted_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first slot, length, position in the sorted list) of each run of consecutive slots."""
+    n = sorted_slots.shape[0]
+    starts = np.flatnonzero(np.diff(sorted_slots, prepend=sorted_slots[0] - 2) != 1)
+    lengths = np.diff(np.append(starts, n))
+    return sorted_slots[starts], lengths.astype(np.int64), starts.astype(np.int64)
+
+
+class DiskTier:
+    def __init__(
+        self,
+        directory: str,
+        width: int,
+        *,
+        io_threads: int = 8,
+        drop_cache: bool = True,
+        segment_rows: int = 1 << 16,
+    ) -> None:
+        os.makedirs(directory, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=directory, prefix="tierec-", suffix=".rows")
+        os.unlink(path)
+        self.fd = fd
+        self.path = path
+        self.width = width  # float32 of payload per record
+        self.rec_floats = width + 1  # plus the lid header
+        self.rec_bytes = 4 * self.rec_floats
+        self.io_threads = max(1, io_threads)
+        self.drop_cache_after_io = drop_cache
+        self.seg_rows = segment_rows
+        self.seg_live = np.zeros(0, dtype=np.int64)  # [n_seg] live records per segment
+        self.live = np.zeros(0, dtype=np.uint8)  # [n_seg * seg_rows] 1 = slot holds a live record
+        self._free_segs: list[int] = []
+        self._tail = -1  # segment being appended to
+        self._tail_pos = 0
+        self.live_rows = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------- sizes
+
+    @property
+    def n_segments(self) -> int:
+        return self.seg_live.shape[0]
+
+    def file_bytes(self) -> int:
+        return self.n_segments * self.seg_rows * self.rec_bytes
+
+    def nbytes(self) -> int:  # bytes of RAM for bookkeeping
+        return self.seg_live.nbytes + self.live.nbytes
+
+    # ------------------------------------------------------------ writes
+
+    def _next_segment(self) -> int:
+        if self._free_segs:
+            return self._free_segs.pop()
+        seg = self.n_segments
+        self.seg_live = np.append(self.seg_live, 0)
+        self.live = np.concatenate([self.live, np.zeros(self.seg_rows, dtype=np.uint8)])
+        return seg
+
+    def append(self, lids: np.ndarray, records: np.ndarray) -> np.ndarray:
+        """Write records [n, W] of rows ``lids`` at the log's tail; returns their slots [n]."""
+        n = lids.shape[0]
+        slots = np.empty(n, dtype=np.int64)
+        if n == 0:
+            return slots
+        buf = np.empty((n, self.rec_floats), dtype=np.float32)
+        buf[:, 0] = lids.astype(np.int32).view(np.float32)
+        buf[:, 1:] = records
+        i = 0
+        while i < n:
+            if self._tail < 0 or self._tail_pos == self.seg_rows:
+                if self._tail >= 0 and self.seg_live[self._tail] == 0:
+                    self._free_segs.append(self._tail)  # emptied while it was the tail
+                self._tail, self._tail_pos = self._next_segment(), 0
+            k = min(self.seg_rows - self._tail_pos, n - i)
+            first = self._tail * self.seg_rows + self._tail_pos
+            slots[i : i + k] = np.arange(first, first + k)
+            self._pwrite(buf[i : i + k], first * self.rec_bytes)
+            self.live[first : first + k] = 1
+            self.seg_live[self._tail] += k
+            self._tail_pos += k
+            i += k
+        self.live_rows += n
+        return slots
+
+    def _pwrite(self, buf: np.ndarray, offset: int) -> None:
+        view = memoryview(np.ascontiguousarray(buf)).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        self.bytes_written += len(view)
+        if self.drop_cache_after_io:  # starts write-back now; the pages are dropped once clean
+            os.posix_fadvise(self.fd, offset, len(view), os.POSIX_FADV_DONTNEED)
+
+    def free(self, slots: np.ndarray) -> None:
+        """Mark records dead; a segment left without live records is reused."""
+        if slots.shape[0] == 0:
+            return
+        self.live[slots] = 0
+        segs, counts = np.unique(slots // self.seg_rows, return_counts=True)
+        self.seg_live[segs] -= counts
+        self.live_rows -= slots.shape[0]
+        for s in segs[self.seg_live[segs] == 0]:
+            if s != self._tail:
+                self._free_segs.append(int(s))
+
+    # ------------------------------------------------------------- reads
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        """Payloads [n, W] of the records at ``slots`` (any order; duplicates allowed)."""
+        return self._read_full(slots)[:, 1:]
+
+    def _read_full(self, slots: np.ndarray) -> np.ndarray:  # [n, 1 + W] with the lid header
+        n = slots.shape[0]
+        out = np.empty((n, self.rec_floats), dtype=np.float32)
+        if n == 0:
+            return out
+        order = np.argsort(slots, kind="stable")
+        srt = slots[order]
+        uniq, first = np.unique(srt, return_index=True)
+        buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
+        run_slot, run_len, run_dst = _runs(uniq)
+        chunks = self._split(run_len)
+        if len(chunks) == 1:
+            status = [_pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf)]
+        else:
+            pool = self._executor()
+            status = list(
+                pool.map(
+                    lambda c: _pread_runs(self.fd, run_slot[c], run_len[c], run_dst[c], self.rec_bytes, buf), chunks
+                )
+            )
+        if min(status) < 0:
+            raise OSError(f"short read from the disk tier file {self.path}")
+        self.bytes_read += buf.nbytes
+        dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
+        out[order] = buf[dup]
+        if self.drop_cache_after_io:
+            self.drop_page_cache()
+        return out
+
+    def _split(self, run_len: np.ndarray) -> list[np.ndarray]:
+        """Runs split into up to io_threads chunks of about equal rows."""
+        n_runs = run_len.shape[0]
+        parts = min(self.io_threads, max(1, n_runs // 16))
+        if parts <= 1:
+            return [np.arange(n_runs)]
+        cum = np.cumsum(run_len)
+        bounds = np.searchsorted(cum, np.linspace(0, cum[-1], parts + 1)[1:-1])
+        return [c for c in np.split(np.arange(n_runs), bounds) if c.size]
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="tierec-disk")
+        return self._pool
+
+    # -------------------------------------------------------- maintenance
+
+    def garbage_ratio(self) -> float:
+        """Slots of segments in use per live record (1.0 = no dead space)."""
+        used = (self.n_segments - len(self._free_segs)) * self.seg_rows
+        return used / max(self.live_rows, 1)
+
+    def compact(self, max_segments: int = 4) -> tuple[np.ndarray, np.ndarray]:
+        """Rewrite the live records of the emptiest segments while dead space exceeds live data.
+
+        Returns (lids, new slots) of the moved records: the caller updates their homes.
+        """
+        moved_lids, moved_slots = [], []
+        for _ in range(max_segments):
+            used_segs = self.n_segments - len(self._free_segs)
+            if used_segs <= 2 or self.garbage_ratio() <= 2.0:
+                break
+            cand = self.seg_live.astype(np.float64)
+            cand[self._free_segs] = np.inf
+            if self._tail >= 0:
+                cand[self._tail] = np.inf
+            seg = int(np.argmin(cand))
+            if not np.isfinite(cand[seg]):
+                break
+            lo = seg * self.seg_rows
+            slots = lo + np.flatnonzero(self.live[lo : lo + self.seg_rows])
+            if slots.size == 0:
+                self._free_segs.append(seg)
+                continue
+            recs = self._read_full(slots)
+            lids = recs[:, 0].copy().view(np.int32).astype(np.int64)
+            self.free(slots)
+            moved_lids.append(lids)
+            moved_slots.append(self.append(lids, recs[:, 1:]))
+        if not moved_lids:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return np.concatenate(moved_lids), np.concatenate(moved_slots)
+
+    def drop_page_cache(self) -> None:
+        """Ask the kernel to drop this file's clean pages from the page cache."""
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,433 @@
+"""TieredGroup: a TableGroup whose ``weights``/``state`` are a bounded fast tier over host DRAM and disk.
+
+The fast tier is a cache of ``capacity`` slots (GPU memory when the group's
+device is a GPU, else a compact DRAM cache); the engine's kernels read and
+update it exactly as they read a plain group's table, because ``lookup``
+returns cache slots. Behind it every row has one home: host DRAM (a
+:class:`HostTier`, exclusive: a host row moves up and frees its slot) or disk
+(a :class:`DiskTier`, inclusive: the disk copy stays valid until the cached
+copy is written to). ``lookup`` brings a batch's missing rows up and evicts
+cold unpinned rows, writing back weights and optimizer state together.
+
+Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
+evicted until a later lookup starts (the batch's update is done by then); a
+prefetched slot carries ``PREFETCHED`` until its batch is looked up. So one
+batch is in flight at a time, every row has a single resident copy, and the
+update always lands on it: training is bitwise the same under any layout.
+
+Slot 0 is a shared row of zeros: ids not admitted yet (``admit_after``,
+``admit_probability``) read it in training and get no update.
+
+>>> import numpy as np, tempfile
+>>> from tierec.embedding.table import TableConfig
+>>> from tierec.store.group import TieredGroup
+>>> from tierec.store.spec import TierSpec
+>>> spec = TierSpec(cache_bytes=4 * 20, host_bytes=0, disk_dir=tempfile.gettempdir())
+>>> g = TieredGroup([TableConfig(name="t", dim=4, features=["f"])], spec)
+>>> g.capacity  # 20 bytes per row: 4 floats of weights and 1 of row-wise Adagrad state
+4
+>>> for batch in ([1, 2, 3], [4, 5], [1, 6]):
+...     rows = g.lookup(np.array(batch, dtype=np.int64), np.zeros(len(batch), dtype=np.int32), insert=True)
+>>> g.num_rows, g.stats()["t"]["rows_disk"] > 0
+(6, True)
+>>> g.close()
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tierec.embedding.group import TableGroup
+from tierec.embedding.optimizers import new_state, state_shapes
+from tierec.embedding.table import TableConfig
+from tierec.store import hotness
+from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
+from tierec.store.disk import DiskTier
+from tierec.store.host import HostTier
+from tierec.store.hotness import PREFETCHED, CountMinSketch
+from tierec.store.policies import Policies
+from tierec.store.state import TierState
+from tierec.store.sizes import format_size
+from tierec.store.spec import CachePolicy, Counter, TierSpec
+
+ZERO_SLOT = 0
+
+
+class CacheCapacityError(RuntimeError):
+    """The fast tier cannot hold all rows of one batch at once."""
+
+
+class StoreFullError(RuntimeError):
+    """Rows must leave the fast tier but no slower tier has room."""
+
+
+class TieredGroup(Policies, TierState, TableGroup):
+    def __init__(
+        self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
+    ) -> None:
+        super().__init__(tables, seed=seed, device=device)
+        self.spec = spec
+        shapes = state_shapes(self.optimizer.kind, self.dim)
+        self._state_widths = {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()}
+        self.record_width = self.dim + sum(self._state_widths.values())  # float32 per row
+        self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
+        if self.capacity < 1:
+            raise CacheCapacityError(
+                f"store.cache_size {format_size(spec.cache_bytes)} holds no row of {4 * self.record_width} bytes"
+            )
+        self.index = Directory()
+        # Fast tier: [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
+        self.weights = torch.empty(self.capacity + 1, self.dim, device=self.device)
+        self.weights[ZERO_SLOT].zero_()
+        self.state = new_state(self.optimizer, self.capacity + 1, self.dim, self.device)
+        self.slot_lid = np.full(self.capacity + 1, -1, dtype=np.int64)  # [C+1] lid in each slot
+        self.pin = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
+        self.dirty = np.zeros(self.capacity + 1, dtype=bool)  # [C+1] changed since it came up
+        self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int64)  # stack, slot 1 on top
+        self._n_free_slots = self.capacity
+        host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.record_width)
+        self.host = HostTier(self.record_width, host_rows) if host_rows != 0 else None
+        self.disk = (
+            DiskTier(
+                spec.disk_dir,
+                self.record_width,
+                io_threads=spec.io_threads,
+                drop_cache=spec.drop_page_cache,
+                segment_rows=spec.disk_segment_rows,
+            )
+            if spec.disk_dir
+            else None
+        )
+        self.sketch = CountMinSketch(spec.sketch_width, spec.sketch_depth, seed) if spec.admit_after > 1 else None
+        self.counters = np.zeros((len(tables), len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
+        self.clock = 0  # lookups so far (training and evaluation)
+        self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
+        self.max_batch_rows = 0  # most unique rows one training lookup needed
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ lookups
+
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+        """Fast-tier slots [U] of unique (table, key) pairs, all resident together until the next lookup.
+
+        Training (``insert``): unknown ids are admitted (or read the zero slot)
+        and access statistics are counted. Evaluation: unknown ids get -1.
+        """
+        with self._lock:
+            self.clock += 1
+            if insert:
+                self.train_steps += 1
+                if self.train_steps % self.spec.interval == 0:
+                    self.maintain()
+            d = self.index
+            lids = d.find(keys, tabs)  # [U]
+            rows = np.full(keys.shape[0], -1, dtype=np.int64)
+            if insert:
+                unknown = np.flatnonzero(lids < 0)
+                if unknown.size:
+                    admit = self._admit(keys[unknown], tabs[unknown])
+                    rejected = unknown[~admit]
+                    rows[rejected] = ZERO_SLOT
+                    self._count(Counter.REJECTED, tabs[rejected])
+                    new = unknown[admit]
+                    lids[new] = d.insert(keys[new], tabs[new])
+                    self._count(Counter.NEW, tabs[new])
+                known = lids[lids >= 0]
+                d.freq[known] += 1.0
+                d.last[known] = self.train_steps
+            pos = np.flatnonzero(lids >= 0)
+            rows[pos] = self._make_resident(lids[pos], self.clock, steal=True, tabs=tabs[pos])
+            if insert:
+                self.dirty[rows[pos]] = True  # the backward updates them
+                self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
+            return torch.from_numpy(rows)
+
+    def prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
+        """Bring the known rows of an upcoming batch up and pin them until it is looked up.
+
+        Only moves rows (never inserts or counts accesses), so results do not
+        depend on it. Leaves room for one batch besides all prefetched rows.
+        Returns the rows brought up.
+        """
+        with self._lock:
+            lids = self.index.find(keys, tabs)
+            lids = lids[lids >= 0]
+            cs = self.index.cslot[lids]
+            self.pin[cs[cs >= 0]] = PREFETCHED
+            missing = lids[cs < 0]
+            if missing.size == 0:
+                return 0
+            pinned = int(np.count_nonzero(self.pin == PREFETCHED))
+            room = self.capacity - pinned - max(self.max_batch_rows, 1)
+            missing = missing[: max(room, 0)]
+            if missing.size == 0:
+                return 0
+            slots = self._take_slots(missing.size, steal=False, best_effort=True)
+            missing = missing[: slots.size]
+            self._bring_up(missing, slots)
+            self.pin[slots] = PREFETCHED
+            self._count(Counter.PREFETCHED, self.index.tabs[missing])
+            return int(missing.size)
+
+    def release_prefetched(self) -> None:
+        """Unpin rows prefetched for batches that will not come (the pipeline stopped)."""
+        with self._lock:
+            self.pin[self.pin == PREFETCHED] = 0
+
+    def update(self, rows: Tensor, grad: Tensor) -> None:
+        """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
+        if self.spec.admission:
+            keep = rows != ZERO_SLOT
+            if not bool(keep.all()):
+                rows, grad = rows[keep], grad[keep]
+        super().update(rows, grad)
+
+    # -------------------------------------------------------- admission
+
+    def _admit(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:  # [n] bool
+        spec = self.spec
+        if not spec.admission:
+            return np.ones(keys.shape[0], dtype=bool)
+        admit = np.zeros(keys.shape[0], dtype=bool)
+        if self.sketch is not None:
+            admit |= self.sketch.add(keys, tabs) >= spec.admit_after
+        if spec.admit_probability < 1.0:
+            draw = np.empty(keys.shape[0], dtype=np.float64)
+            hotness.coin(keys, tabs.astype(np.int32), self.seed, self.train_steps, draw)
+            admit |= draw < spec.admit_probability
+        return admit
+
+    # ---------------------------------------------------- data movement
+
+    def _make_resident(self, lids: np.ndarray, pin: int, steal: bool, tabs: np.ndarray | None = None) -> np.ndarray:
+        """Slots [n] of rows ``lids`` after bringing the missing ones up; all pinned with ``pin``."""
+        d = self.index
+        cs = d.cslot[lids].astype(np.int64)
+        hit = cs >= 0
+        self.pin[cs[hit]] = pin  # protect them before anything is evicted
+        miss = np.flatnonzero(~hit)
+        if tabs is not None:
+            self._count(Counter.HITS, tabs[hit])
+            was_stored = d.loc[lids[miss]] != LOC_NONE
+            self._count(Counter.MISSES, tabs[miss][was_stored])
+        if lids.size > self.capacity:
+            raise CacheCapacityError(
+                f"a batch needs {lids.size} rows of tables {[t.name for t in self.tables]} resident together, but "
+                f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise store.cache_size "
+                f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
+            )
+        if miss.size:
+            slots = self._take_slots(miss.size, steal=steal)
+            self._bring_up(lids[miss], slots)
+            self.pin[slots] = pin
+            cs[miss] = slots
+        return cs
+
+    def _take_slots(self, n: int, steal: bool, best_effort: bool = False) -> np.ndarray:
+        """``n`` free slots, evicting cold unpinned rows (with write-back) when needed."""
+        short = n - self._n_free_slots
+        if short > 0:
+            slack = max(self.capacity // 128, 1)
+            self._evict(short, short + slack, steal, best_effort)
+            n = min(n, self._n_free_slots)
+        top = self._n_free_slots
+        slots = self._free_slots[top - n : top][::-1].copy()
+        self._n_free_slots = top - n
+        return slots
+
+    def _evict(self, required: int, wanted: int, steal: bool, best_effort: bool) -> None:
+        score = self.index.freq if self.spec.cache_policy is CachePolicy.LFU else self.index.last
+        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, steal)
+        if slots.size < required and not best_effort:
+            pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
+            raise CacheCapacityError(
+                f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
+                f"{required} more while {pinned} are pinned by batches in flight: raise store.cache_size "
+                f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
+            )
+        self._write_back(slots[hotness.lowest(scores, min(wanted, slots.size))])
+
+    def _write_back(self, slots: np.ndarray) -> None:
+        """Move rows out of the fast tier; rows changed or without a home are written first."""
+        if slots.size == 0:
+            return
+        d = self.index
+        lids = self.slot_lid[slots]
+        write = self.dirty[slots] | (d.loc[lids] == LOC_NONE)
+        if write.any():
+            self._store_home(lids[write], self._gather(slots[write]))
+        d.cslot[lids] = -1
+        self.slot_lid[slots] = -1
+        self.dirty[slots] = False
+        self.pin[slots] = 0
+        self._push_free(slots)
+        self._count(Counter.EVICTED, d.tabs[lids])
+
+    def _push_free(self, slots: np.ndarray) -> None:
+        top = self._n_free_slots
+        self._free_slots[top : top + slots.size] = slots
+        self._n_free_slots = top + slots.size
+
+    def _store_home(self, lids: np.ndarray, records: np.ndarray) -> None:
+        """Write rows to host (the hottest first, while it has room), the rest to disk."""
+        d = self.index
+        old_disk = d.loc[lids] == LOC_DISK
+        old_slots = d.home[lids][old_disk]
+        n_host = 0
+        if self.host is not None:
+            free = self.host.free_rows
+            n_host = lids.size if free is None else min(free, lids.size)
+            if n_host < lids.size:  # hottest rows to host
+                order = np.argsort(-d.freq[lids], kind="stable")
+                lids, records = lids[order], records[order]
+            if n_host:
+                hs = self.host.alloc(n_host)
+                self.host.write(hs, records[:n_host])
+                d.loc[lids[:n_host]] = LOC_HOST
+                d.home[lids[:n_host]] = hs
+                self._count(Counter.HOST_WRITE_ROWS, d.tabs[lids[:n_host]])
+        rest = lids[n_host:]
+        if rest.size:
+            if self.disk is None:
+                raise StoreFullError(
+                    f"tables {[t.name for t in self.tables]} outgrew their memory budget "
+                    f"(host tier full at {self.host.max_rows if self.host else 0} rows): "
+                    "set store.disk_path, raise store.memory_budget, or bound the table with store.max_rows"
+                )
+            ds = self.disk.append(rest, records[n_host:])
+            d.loc[rest] = LOC_DISK
+            d.home[rest] = ds
+            self._count(Counter.DISK_WRITE_ROWS, d.tabs[rest])
+        if self.disk is not None and old_slots.size:
+            self.disk.free(old_slots)
+
+    def _bring_up(self, lids: np.ndarray, slots: np.ndarray) -> None:
+        """Fill ``slots`` with rows ``lids`` from their homes (new rows are initialised)."""
+        d = self.index
+        loc = d.loc[lids]
+        on_host = np.flatnonzero(loc == LOC_HOST)
+        if on_host.size:
+            hs = d.home[lids[on_host]]
+            self._scatter(slots[on_host], self.host.read(hs))
+            self.host.free(hs)
+            d.loc[lids[on_host]] = LOC_NONE  # the cache holds the only copy now
+            d.home[lids[on_host]] = -1
+            self.dirty[slots[on_host]] = True
+            self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
+        on_disk = np.flatnonzero(loc == LOC_DISK)
+        if on_disk.size:
+            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]]))
+            self.dirty[slots[on_disk]] = False
+            self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
+        new = np.flatnonzero(loc == LOC_NONE)
+        if new.size:
+            nl = lids[new]
+            self._init_rows(slots[new], d.keys[nl], d.tabs[nl].astype(np.int32))
+            self.dirty[slots[new]] = True
+        d.cslot[lids] = slots
+        self.slot_lid[slots] = lids
+
+    def _gather(self, slots: np.ndarray) -> np.ndarray:  # [n, W] records from the fast tier
+        if slots.size == 0:
+            return np.empty((0, self.record_width), dtype=np.float32)
+        idx = torch.from_numpy(slots).to(self.device)
+        parts = [self.weights.index_select(0, idx)]
+        parts += [s.index_select(0, idx).reshape(slots.size, -1) for s in self.state.values()]
+        return torch.cat(parts, 1).cpu().numpy()
+
+    def _scatter(self, slots: np.ndarray, records: np.ndarray) -> None:
+        idx = torch.from_numpy(slots).to(self.device)
+        rec = torch.from_numpy(np.ascontiguousarray(records)).to(self.device)
+        self.weights.index_copy_(0, idx, rec[:, : self.dim].contiguous())
+        col = self.dim
+        for name, s in self.state.items():
+            w = self._state_widths[name]
+            s.index_copy_(0, idx, rec[:, col : col + w].reshape(slots.size, *s.shape[1:]).contiguous())
+            col += w
+
+    def _count(self, counter: Counter, tabs: np.ndarray) -> None:
+        if tabs.size:
+            self.counters[:, counter] += np.bincount(tabs, minlength=len(self.tables))
+
+    # ------------------------------------------------------- row access
+
+    def read_rows(self, lids: np.ndarray) -> np.ndarray:
+        """Records [n, W] of rows ``lids`` wherever they live (no movement between tiers)."""
+        d = self.index
+        out = np.empty((lids.size, self.record_width), dtype=np.float32)
+        cs = d.cslot[lids]
+        res = np.flatnonzero(cs >= 0)
+        out[res] = self._gather(cs[res].astype(np.int64))
+        loc = d.loc[lids]
+        h = np.flatnonzero((cs < 0) & (loc == LOC_HOST))
+        out[h] = self.host.read(d.home[lids[h]]) if h.size else out[h]
+        k = np.flatnonzero((cs < 0) & (loc == LOC_DISK))
+        out[k] = self.disk.read(d.home[lids[k]]) if k.size else out[k]
+        return out
+
+    def free_rows(self, lids: np.ndarray) -> None:
+        """Release every tier's slot of rows ``lids`` (before the directory forgets them)."""
+        d = self.index
+        cs = d.cslot[lids].astype(np.int64)
+        cs = cs[cs >= 0]
+        self.slot_lid[cs] = -1
+        self.pin[cs] = 0
+        self.dirty[cs] = False
+        self._push_free(cs)
+        loc = d.loc[lids]
+        if self.host is not None:
+            self.host.free(d.home[lids[loc == LOC_HOST]])
+        if self.disk is not None:
+            self.disk.free(d.home[lids[loc == LOC_DISK]])
+
+    # ---------------------------------------------------------- reports
+
+    def nbytes(self) -> int:
+        """Bytes of RAM: fast tier, host rows, directory, sketch and disk bookkeeping."""
+        total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
+        total += self.slot_lid.nbytes + self.pin.nbytes + self.dirty.nbytes + self._free_slots.nbytes
+        total += self.index.nbytes() + self.counters.nbytes
+        if self.host is not None:
+            total += self.host.nbytes()
+        if self.disk is not None:
+            total += self.disk.nbytes()
+        if self.sketch is not None:
+            total += self.sketch.nbytes()
+        return total
+
+    def disk_bytes(self) -> int:
+        return self.disk.file_bytes() if self.disk is not None else 0
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per table: event counters, rows per tier, hit rate and disk bytes (cumulative)."""
+        with self._lock:
+            d = self.index
+            n_t = len(self.tables)
+            occupied = self.slot_lid[self.slot_lid >= 0]
+            in_cache = np.bincount(d.tabs[occupied], minlength=n_t)
+            live = d.live()
+            loc = d.loc[live]
+            on_host = np.bincount(d.tabs[live[loc == LOC_HOST]], minlength=n_t)
+            on_disk = np.bincount(d.tabs[live[loc == LOC_DISK]], minlength=n_t)
+            rec_bytes = self.disk.rec_bytes if self.disk is not None else 4 * self.record_width
+            out = {}
+            for t, table in enumerate(self.tables):
+                c = {k.name.lower(): int(self.counters[t, k]) for k in Counter}
+                looked = c["hits"] + c["misses"] + c["new"]
+                c["hit_rate"] = c["hits"] / looked if looked else float("nan")
+                c["rows_cache"], c["rows_host"], c["rows_disk"] = int(in_cache[t]), int(on_host[t]), int(on_disk[t])
+                c["disk_read_bytes"] = c["disk_read_rows"] * rec_bytes
+                c["disk_write_bytes"] = c["disk_write_rows"] * rec_bytes
+                out[table.name] = c
+            return out
+
+    # ------------------------------------------------------------ state
+
+    def close(self) -> None:
+        """Close the disk tier's file (it was unlinked when opened)."""
+        if self.disk is not None:
+            self.disk.close()

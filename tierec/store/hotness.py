@@ -1,0 +1,130 @@
+"""Hotness: the statistics that decide admission, eviction and placement.
+
+- Rows with an entry in the Directory carry a decayed access count and the
+  step of their last use (``Directory.freq`` / ``.last``).
+- Ids without a row (not admitted yet) are counted in a :class:`CountMinSketch`
+  of fixed size: ``depth`` rows of ``width`` counters. Like TinyLFU's "reset",
+  every counter is halved once ``10 * width`` sightings were added, so old
+  popularity fades and the sketch never saturates.
+- :func:`pick_victims` chooses which fast-tier slots to free: the lowest
+  scores (decayed count for LFU, last use for LRU) among slots that no batch
+  in flight has pinned.
+
+>>> import numpy as np
+>>> from tierec.store.hotness import CountMinSketch
+>>> s = CountMinSketch(width=1 << 10, depth=4, seed=0)
+>>> k, t = np.array([5, 6], dtype=np.int64), np.zeros(2, dtype=np.int32)
+>>> s.add(k, t).tolist(), s.add(k[:1], t[:1]).tolist()
+([1, 1], [2])
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from tierec.embedding.kernels import key_hash, mix64
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# A slot pinned by a prefetch for a batch that is not yet looked up.
+PREFETCHED = np.int64(1 << 62)
+
+
+@nb.njit(cache=True, nogil=True)
+def _cms_add(keys, tabs, table, seed, out):
+    depth, width = table.shape
+    mask = np.uint64(width - 1)
+    for i in range(keys.shape[0]):
+        h = key_hash(np.int32(tabs[i]), keys[i])
+        est = np.uint32(0xFFFFFFFF)
+        for d in range(depth):
+            c = mix64(h ^ (np.uint64(d + 1) * _GOLDEN + np.uint64(seed))) & mask
+            v = table[d, c] + np.uint32(1)
+            table[d, c] = v
+            if v < est:
+                est = v
+        out[i] = est
+
+
+class CountMinSketch:
+    """Approximate sighting counts of (table, id) pairs; never under-counts (until a halving)."""
+
+    def __init__(self, width: int, depth: int, seed: int) -> None:
+        if width & (width - 1) or width <= 0:
+            raise ValueError(f"sketch width must be a power of two, got {width}")
+        self.table = np.zeros((depth, width), dtype=np.uint32)  # [depth, width]
+        self.seed = seed
+        self.added = 0  # sightings since the last halving
+
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+    def add(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """Count one sighting of each pair; returns the estimates [n] after counting."""
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        _cms_add(keys, tabs, self.table, self.seed, out)
+        self.added += keys.shape[0]
+        if self.added >= 10 * self.table.shape[1]:
+            self.table >>= 1
+            self.added //= 2
+        return out
+
+    def state(self) -> np.ndarray:  # [depth * width + 1] int64, the counter of additions last
+        return np.append(self.table.ravel().astype(np.int64), self.added)
+
+    def load(self, flat: np.ndarray) -> None:
+        self.table[...] = flat[:-1].reshape(self.table.shape)
+        self.added = int(flat[-1])
+
+
+@nb.njit(cache=True, nogil=True)
+def coin(keys, tabs, seed, step, out):
+    """A uniform [0, 1) draw per (table, id, step): reproducible admission by probability."""
+    inv = 1.0 / 9007199254740992.0
+    for i in range(keys.shape[0]):
+        h = mix64(key_hash(np.int32(tabs[i]), keys[i]) ^ mix64(np.uint64(seed) * _GOLDEN + np.uint64(step)))
+        out[i] = np.float64(h >> np.uint64(11)) * inv
+
+
+@nb.njit(cache=True, nogil=True)
+def _evictable(slot_lid, pin, clock, score_of_lid, steal, out_slots, out_scores):
+    n = 0
+    for s in range(1, slot_lid.shape[0]):  # slot 0 holds the shared zero row
+        lid = slot_lid[s]
+        if lid < 0:
+            continue
+        p = pin[s]
+        if p < clock:
+            out_scores[n] = np.float64(score_of_lid[lid])
+        elif steal and p == PREFETCHED:
+            out_scores[n] = 1e300  # rows prefetched for a later batch go last
+        else:
+            continue
+        out_slots[n] = s
+        n += 1
+    return n
+
+
+def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, steal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, scores) of occupied slots not pinned by the batch in flight (nor by a prefetch unless ``steal``)."""
+    slots = np.empty(slot_lid.shape[0], dtype=np.int64)
+    scores = np.empty(slot_lid.shape[0], dtype=np.float64)
+    n = _evictable(slot_lid, pin, np.int64(clock), score, steal, slots, scores)
+    return slots[:n], scores[:n]
+
+
+def lowest(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` lowest scores (any order)."""
+    if k >= scores.shape[0]:
+        return np.arange(scores.shape[0])
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    return np.argpartition(scores, k - 1)[:k]
+
+
+def highest(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest scores, highest first."""
+    if k <= 0 or scores.shape[0] == 0:
+        return np.empty(0, dtype=np.int64)
+    part = np.arange(scores.shape[0]) if k >= scores.shape[0] else np.argpartition(-scores, k - 1)[:k]
+    return part[np.argsort(-scores[part], kind="stable")]

@@ -1,0 +1,121 @@
+"""The periodic hotness pass of a TieredGroup (a mixin; the state lives in group.py).
+
+Every ``interval`` training steps, at the start of a training lookup (so no
+batch is in flight and the result depends only on the access history, never on
+which rows happened to be resident or prefetched):
+
+1. decay: access counts are multiplied by ``decay``;
+2. time-to-live: rows unused for more than ``ttl_steps`` are deleted;
+3. LFU over capacity: beyond ``max_rows``, the least used rows are deleted
+   (ties broken by a hash of the id, so the choice is reproducible);
+4. placement (``promote_max`` rows at most): the hottest rows not in the fast
+   tier move up in place of colder ones, and between host and disk the
+   hottest disk rows move to host in place of colder host rows;
+5. the disk tier compacts its emptiest segments and drops its pages.
+
+Deleting a row really frees it: its fast-tier slot, its host or disk slot and
+its directory entry; if the id comes back it starts afresh.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tierec.store import hotness
+from tierec.store.directory import LOC_DISK, LOC_HOST
+from tierec.store.spec import CachePolicy, Counter
+
+if TYPE_CHECKING:
+    from tierec.store.group import TieredGroup
+
+
+class Policies:
+    def maintain(self: TieredGroup) -> None:
+        d, spec = self.index, self.spec
+        if spec.decay < 1.0:
+            d.freq[: d.high] *= np.float32(spec.decay)
+        if spec.ttl_steps:
+            live = d.live()
+            self.delete_rows(live[self.train_steps - d.last[live] > spec.ttl_steps], Counter.DELETED_TTL)
+        if spec.max_rows and d.num_rows > spec.max_rows:
+            live = d.live()
+            order = np.lexsort((d.hashes(live), d.freq[live]))  # least used first
+            self.delete_rows(live[order[: d.num_rows - spec.max_rows]], Counter.DELETED_LFU)
+        if spec.promote_max:
+            if spec.cache_policy is CachePolicy.LFU:
+                self._promote_to_cache(spec.promote_max)
+            self._rebalance_host_disk(spec.promote_max)
+        if self.disk is not None:
+            lids, slots = self.disk.compact()
+            d.home[lids] = slots
+            self.disk.drop_page_cache()
+
+    def delete_rows(self: TieredGroup, lids: np.ndarray, counter: Counter) -> None:
+        if lids.size == 0:
+            return
+        self._count(counter, self.index.tabs[lids])
+        self.free_rows(lids)
+        self.index.delete(lids)
+
+    def _promote_to_cache(self: TieredGroup, most: int) -> None:
+        d = self.index
+        live = d.live()
+        out = live[d.cslot[live] < 0]
+        hot = out[hotness.highest(d.freq[out], most)]
+        if hot.size == 0:
+            return
+        n = min(self._n_free_slots, hot.size)
+        rest = hot[n:]
+        if rest.size:
+            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.freq, False)
+            cold = np.sort(scores[hotness.lowest(scores, rest.size)])
+            k = min(rest.size, cold.size)
+            n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix
+        if n == 0:
+            return
+        slots = self._take_slots(n, steal=False, best_effort=True)
+        up = hot[: slots.size]
+        self._bring_up(up, slots)
+        self._count(Counter.PROMOTED, d.tabs[up])
+
+    def _rebalance_host_disk(self: TieredGroup, most: int) -> None:
+        if self.host is None or self.disk is None:
+            return
+        d = self.index
+        live = d.live()
+        out = live[d.cslot[live] < 0]
+        on_disk = out[d.loc[out] == LOC_DISK]
+        hot = on_disk[hotness.highest(d.freq[on_disk], most)]
+        if hot.size == 0:
+            return
+        fill = min(self.host.free_rows if self.host.free_rows is not None else hot.size, hot.size)
+        rest = hot[fill:]
+        n_swap = 0
+        if rest.size:
+            on_host = out[d.loc[out] == LOC_HOST]
+            cold = on_host[hotness.lowest(d.freq[on_host], rest.size)]
+            cold = cold[np.argsort(d.freq[cold], kind="stable")]
+            k = min(rest.size, cold.size)
+            n_swap = int(np.count_nonzero(d.freq[rest[:k]] > d.freq[cold[:k]]))
+            if n_swap:  # host -> disk first, which frees their host slots
+                down = cold[:n_swap]
+                hs = d.home[down]
+                recs = self.host.read(hs)
+                self.host.free(hs)
+                d.home[down] = self.disk.append(down, recs)
+                d.loc[down] = LOC_DISK
+                self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
+        up = hot[: fill + n_swap]
+        if up.size == 0:
+            return
+        ds = d.home[up]
+        recs = self.disk.read(ds)
+        self.disk.free(ds)
+        hs = self.host.alloc(up.size)
+        self.host.write(hs, recs)
+        d.home[up] = hs
+        d.loc[up] = LOC_HOST
+        self._count(Counter.DISK_READ_ROWS, d.tabs[up])
+        self._count(Counter.PROMOTED, d.tabs[up])

@@ -1,0 +1,96 @@
+"""TierSpec: the resolved layout and policies of one tiered store (sizes in bytes).
+
+Built from ``StoreConfig`` by :mod:`tierec.store.plan`; tests build it directly.
+
+>>> from tierec.store.spec import TierSpec
+>>> TierSpec(cache_bytes=1 << 20, host_bytes=0, disk_dir="/tmp").tiers()
+['cache', 'disk']
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tierec.config import ConfigError, StrEnum
+
+
+class Tier(StrEnum):
+    CACHE = "cache"  # the fast tier: GPU memory on a GPU device, else a compact DRAM cache
+    HOST = "host"  # host DRAM
+    DISK = "disk"  # a file on local disk
+
+
+class CachePolicy(StrEnum):
+    LFU = "lfu"  # evict the lowest decayed access count
+    LRU = "lru"  # evict the least recently used
+
+
+class Counter(enum.IntEnum):
+    """Per-table event counters of a tiered store."""
+
+    HITS = 0  # unique rows of a lookup already in the fast tier
+    MISSES = 1  # ... brought up from host or disk on demand
+    NEW = 2  # ... inserted (admitted) by the lookup
+    REJECTED = 3  # ... not admitted yet: read the shared zero row
+    PREFETCHED = 4  # rows brought up ahead by the pipeline
+    EVICTED = 5  # rows moved out of the fast tier
+    DELETED_TTL = 6  # rows deleted after ttl_steps without use
+    DELETED_LFU = 7  # rows deleted as least used over max_rows
+    PROMOTED = 8  # rows moved up by the periodic hotness pass
+    DISK_READ_ROWS = 9
+    DISK_WRITE_ROWS = 10
+    HOST_READ_ROWS = 11
+    HOST_WRITE_ROWS = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierSpec:
+    cache_bytes: int  # fast tier: bytes of rows (weights + optimizer state)
+    host_bytes: int | None = None  # host tier: None = unbounded, 0 = no host tier
+    disk_dir: str = ""  # directory of the disk tier's file; "" = no disk tier
+    cache_policy: CachePolicy = CachePolicy.LFU
+    interval: int = 100  # training steps between hotness passes (decay, deletion, placement)
+    decay: float = 0.9  # access counts are multiplied by this at every pass
+    promote_max: int = 0  # rows moved up per pass by hotness (0 = only on demand)
+    admit_after: int = 0  # an unknown id gets a row at its K-th sighting (0 = at once)
+    admit_probability: float = 1.0  # ... or with this probability per sighting
+    max_rows: int = 0  # LFU deletion down to this many rows at every pass (0 = off)
+    ttl_steps: int = 0  # delete rows unused for this many training steps (0 = off)
+    sketch_width: int = 1 << 20  # count-min sketch of not-admitted ids: counters per row
+    sketch_depth: int = 4
+    io_threads: int = 8  # concurrent disk reads
+    drop_page_cache: bool = True  # drop the table file's pages after each I/O
+    disk_segment_rows: int = 1 << 16  # records per disk segment (the unit of compaction)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))
+        if self.cache_bytes <= 0:
+            raise ConfigError("the fast tier needs a positive size (store.cache_size)")
+        if self.host_bytes == 0 and not self.disk_dir:
+            raise ConfigError("a tiered store needs a host tier or a disk tier behind its cache")
+        if self.interval < 1:
+            raise ConfigError("store.interval must be >= 1")
+        if not 0.0 < self.decay <= 1.0:
+            raise ConfigError("store.decay must be in (0, 1]")
+        if not 0.0 < self.admit_probability <= 1.0:
+            raise ConfigError("store.admit_probability must be in (0, 1]")
+        for k in ("promote_max", "admit_after", "max_rows", "ttl_steps"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"store.{k} must be >= 0")
+        if self.sketch_width & (self.sketch_width - 1) or self.sketch_width < 16:
+            raise ConfigError("store.sketch_width must be a power of two >= 16")
+        if self.sketch_depth < 1 or self.io_threads < 1 or self.disk_segment_rows < 1:
+            raise ConfigError("store.sketch_depth, io_threads and disk_segment_rows must be >= 1")
+
+    @property
+    def admission(self) -> bool:
+        return self.admit_after > 1 or self.admit_probability < 1.0
+
+    def tiers(self) -> list[str]:
+        out = [Tier.CACHE.value]
+        if self.host_bytes != 0:
+            out.append(Tier.HOST.value)
+        if self.disk_dir:
+            out.append(Tier.DISK.value)
+        return out

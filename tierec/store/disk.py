@@ -119,7 +119,10 @@ class DiskTier:
             return self._free_segs.pop()
         seg = self.n_segments
         self.seg_live = np.append(self.seg_live, 0)
-        self.live = np.concatenate([self.live, np.zeros(self.seg_rows, dtype=np.uint8)])
+        if self.live.shape[0] < (seg + 1) * self.seg_rows:  # grow the bitmap by doubling, not per segment
+            grown = np.zeros(max((seg + 1) * self.seg_rows, 2 * self.live.shape[0]), dtype=np.uint8)
+            grown[: self.live.shape[0]] = self.live
+            self.live = grown
         return seg
 
     def append(self, lids: np.ndarray, records: np.ndarray) -> np.ndarray:

@@ -61,6 +61,14 @@ def test_synthetic_multi_hot_round_trip(tmp_path: Path) -> None:
         assert_same_batches(*both(cfg, tmp_path / "s", split, 1024, start_batch=1))
 
 
+def test_no_dense_features_round_trip(tmp_path: Path) -> None:
+    cfg = DataConfig(synthetic=SyntheticConfig(train_rows=1000, test_rows=100, n_dense=0))
+    preprocess(cfg, tmp_path / "s", progress=False)
+    a, b = both(cfg, tmp_path / "s", "train", 256)
+    assert_same_batches(a, b)
+    assert b[0].dense.shape == (256, 0)
+
+
 def test_jagged_csv_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     rows = [f"{i % 2},{i * 0.5},u{i % 7},{'|'.join(f't{j}' for j in range(i % 4))}" for i in range(200)]

@@ -3,7 +3,8 @@
 Format: a directory with ``manifest.json`` and Arrow IPC files
 ``train-00000.arrow``, ``test-00000.arrow``, ... Each shard holds record batches
 of up to 65,536 rows with columns ``label`` (float32), ``dense``
-(fixed_size_list<float32>[n_dense]) and one column per sparse feature: int64 when
+(fixed_size_list<float32>[n_dense], absent when n_dense is 0) and one column per
+sparse feature: int64 when
 every row has exactly one id, list<int64> for multi-hot features.
 
 Why Arrow IPC rather than safetensors: the files are self-describing (readable by
@@ -203,7 +204,9 @@ def _write_split(src: Any, out: Path, split: str, rows_per_shard: int, progress:
 
 
 def _arrow_schema(features: tuple[str, ...], n_dense: int, multi_hot: tuple[str, ...]) -> pa.Schema:
-    fields = [pa.field("label", pa.float32()), pa.field("dense", pa.list_(pa.float32(), n_dense))]
+    fields = [pa.field("label", pa.float32())]
+    if n_dense:  # Arrow has no fixed-size lists of size 0
+        fields.append(pa.field("dense", pa.list_(pa.float32(), n_dense)))
     fields += [pa.field(f, pa.list_(pa.int64()) if f in multi_hot else pa.int64()) for f in features]
     return pa.schema(fields)
 
@@ -212,19 +215,19 @@ def to_record_batch(block: RowBlock, schema: pa.Schema) -> pa.RecordBatch:
     """A block as an Arrow record batch of the shard schema."""
     n, nf = block.size, block.n_features
     n_dense = block.dense.shape[1]
-    cols: list[pa.Array] = [
-        pa.array(block.labels, pa.float32()),
-        pa.FixedSizeListArray.from_arrays(pa.array(block.dense.reshape(-1), pa.float32()), n_dense),
-    ]
+    cols: list[pa.Array] = [pa.array(block.labels, pa.float32())]
+    if n_dense:
+        cols.append(pa.FixedSizeListArray.from_arrays(pa.array(block.dense.reshape(-1), pa.float32()), n_dense))
+    first = len(cols)  # column of the first sparse feature
     for f in range(nf):
         values, lengths = block.feature(f)
-        if pa.types.is_list(schema.field(2 + f).type):
+        if pa.types.is_list(schema.field(first + f).type):
             offsets = np.zeros(n + 1, np.int32)
             np.cumsum(lengths, out=offsets[1:])
             cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64())))
         else:
             if len(values) != n:
-                raise DataError(f"feature {schema.field(2 + f).name} has {len(values)} ids for {n} rows")
+                raise DataError(f"feature {schema.field(first + f).name} has {len(values)} ids for {n} rows")
             cols.append(pa.array(values, pa.int64()))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
@@ -233,10 +236,13 @@ def from_record_batch(rb: pa.RecordBatch) -> RowBlock:
     """The block of a shard record batch (zero-copy where Arrow allows)."""
     n = rb.num_rows
     labels = rb.column(0).to_numpy()  # [n]
-    dense_col = rb.column(1)
-    n_dense = dense_col.type.list_size
-    dense = dense_col.flatten().to_numpy().reshape(n, n_dense)  # [n, n_dense]
-    feats = [rb.column(i) for i in range(2, rb.num_columns)]
+    has_dense = rb.num_columns > 1 and pa.types.is_fixed_size_list(rb.schema.field(1).type)
+    if has_dense:
+        dense_col = rb.column(1)
+        dense = dense_col.flatten().to_numpy().reshape(n, dense_col.type.list_size)  # [n, n_dense]
+    else:
+        dense = np.zeros((n, 0), np.float32)
+    feats = [rb.column(i) for i in range(2 if has_dense else 1, rb.num_columns)]
     if all(pa.types.is_int64(c.type) for c in feats):
         ids = np.stack([c.to_numpy() for c in feats]) if feats else np.empty((0, n), np.int64)  # [F, n]
         return RowBlock.from_ids(labels, dense, ids)

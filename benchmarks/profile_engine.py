@@ -90,8 +90,11 @@ def run_profile(w: Workload, repeats: int) -> dict:
     except (AttributeError, ImportError, ValueError, TypeError) as e:  # engine internals moved
         return {**res, "error": f"{type(e).__name__}: {e}"}
     res["stages_ms"] = {k: median(v) for k, v in staged.items()}
+    res["stages_best_ms"] = {k: min(v) for k, v in staged.items()}  # least disturbed by other processes
     res["step_ms"] = median(whole)
+    res["step_best_ms"] = min(whole)
     res["stages_sum_ms"] = sum(res["stages_ms"].values())
+    res["stages_best_sum_ms"] = sum(res["stages_best_ms"].values())
     prof = cProfile.Profile()
     prof.enable()
     for i in range(w.steps):
@@ -111,8 +114,10 @@ def profile_markdown(res: dict) -> str:
     )
     if "error" in res:
         return f"**{title}**\n\nunavailable: {res['error']}"
-    total = res["step_ms"]
-    rows = [[k, v, 100 * v / total] for k, v in res["stages_ms"].items()]
-    rows.append(["autograd + glue (step - sum)", total - res["stages_sum_ms"], 100 * (total - res["stages_sum_ms"]) / total])
-    rows.append(["whole step (coll(sp).backward(g))", total, 100.0])
-    return f"**{title}**\n\n" + markdown_table(["stage", "ms/step (median)", "% of step"], rows)
+    med, best = res["stages_ms"], res["stages_best_ms"]
+    sum_best = res["stages_best_sum_ms"]
+    rows = [[k, med[k], best[k], 100 * best[k] / sum_best] for k in STAGES]
+    rows.append(["sum of stages", res["stages_sum_ms"], sum_best, 100.0])
+    rows.append(["whole step, coll(sp).backward(g)", res["step_ms"], res["step_best_ms"], 100 * res["step_best_ms"] / sum_best])
+    hdr = ["stage", "ms/step (median)", "ms/step (best repeat)", "% of stage sum (best)"]
+    return f"**{title}**\n\n" + markdown_table(hdr, rows)

@@ -242,10 +242,66 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class StoreTableConfig:
+    """Tier settings of one table (by name): it gets a store of its own. Empty / -1 = as in [store]."""
+
+    name: str
+    enabled: bool = True  # false: this table stays all in memory
+    memory_budget: str = ""
+    cache_size: str = ""
+    host_size: str = ""
+    disk_path: str = ""
+    max_rows: int = -1
+    ttl_steps: int = -1
+    admit_after: int = -1
+
+
+@dataclass(kw_only=True)
 class StoreConfig:
-    """Tiered storage of embedding rows (fast cache / host DRAM / disk); off by default."""
+    """Tiered storage of embedding rows (fast cache / host DRAM / disk); off by default.
+
+    Sizes are bytes or human sizes ("2GiB", "512MB"). ``memory_budget`` bounds the
+    rows held in RAM (fast tier + host tier) of all tables without their own
+    entry in ``tables``, split between the table groups by row size; the
+    directory of ids (about 45 bytes per id) comes on top. A table that outgrows
+    its budget spills to ``disk_path``. See tierec/store/ and docs/performance.md.
+    """
 
     enabled: bool = False
+    memory_budget: str = ""  # "" = unbounded (no spilling)
+    cache_size: str = ""  # fast tier; "" = a quarter of memory_budget, or 256MiB without a budget
+    host_size: str = ""  # host DRAM tier; "" = the rest of memory_budget (unbounded without one); "0" = none
+    disk_path: str = ""  # directory of the disk tier's (unlinked) files; "" = no disk tier
+    cache_policy: str = "lfu"  # lfu (decayed access counts) | lru
+    interval: int = 100  # training steps between hotness passes (decay, deletion, placement)
+    decay: float = 0.9  # access counts are multiplied by this at every pass
+    promote_max: int = 0  # rows moved up per pass by hotness (0 = only on demand)
+    admit_after: int = 0  # admission: an id gets its own row at its K-th sighting (0 = at once)
+    admit_probability: float = 1.0  # ... or with this probability per sighting
+    max_rows: int = 0  # eviction: least-used rows are deleted beyond this many per store (0 = off)
+    ttl_steps: int = 0  # eviction: rows unseen for this many steps are deleted (0 = off)
+    sketch_width: int = 1 << 20  # count-min sketch of ids not admitted yet (counters per row)
+    sketch_depth: int = 4
+    io_threads: int = 8  # concurrent disk reads
+    drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
+    prefetch: bool = False  # pipeline: bring the next batch's rows up while this one computes
+    prefetch_depth: int = 1  # batches read ahead by the pipeline
+    tables: list[StoreTableConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from tierec.store.sizes import parse_size  # lazy: keeps config free of the store's imports
+
+        for where, value in [(f"store.{k}", getattr(self, k)) for k in ("memory_budget", "cache_size", "host_size")] + [
+            (f"store.tables[{t.name}].{k}", getattr(t, k)) for t in self.tables for k in ("memory_budget", "cache_size", "host_size")
+        ]:
+            parse_size(value, where)
+        if self.cache_policy not in {"lfu", "lru"}:
+            raise ConfigError(f"store.cache_policy {self.cache_policy!r} is not one of lfu, lru")
+        if self.prefetch_depth < 1:
+            raise ConfigError("store.prefetch_depth must be >= 1")
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"store.tables names a table twice: {names}")
 
 
 @dataclass(kw_only=True)

@@ -1,20 +1,35 @@
 """Tiered storage of embedding rows: a bounded fast tier over host DRAM and disk.
 
->>> from tierec.store import TieredGroup, TierSpec
+The heavy parts (torch, numba) load on first use, so ``tierec.config`` can
+validate sizes with :func:`parse_size` without importing them.
+
+>>> from tierec.store import TieredGroup, TierSpec, parse_size
 """
 
-from tierec.store.group import CacheCapacityError, StoreFullError, TieredGroup
-from tierec.store.sizes import format_size, parse_size
-from tierec.store.spec import CachePolicy, Counter, Tier, TierSpec
+from __future__ import annotations
 
-__all__ = [
-    "CacheCapacityError",
-    "CachePolicy",
-    "Counter",
-    "StoreFullError",
-    "Tier",
-    "TierSpec",
-    "TieredGroup",
-    "format_size",
-    "parse_size",
-]
+import importlib
+from typing import Any
+
+from tierec.store.sizes import format_size, parse_size
+
+_LAZY = {
+    "CacheCapacityError": "tierec.store.group",
+    "StoreFullError": "tierec.store.group",
+    "TieredGroup": "tierec.store.group",
+    "CachePolicy": "tierec.store.spec",
+    "Counter": "tierec.store.spec",
+    "Tier": "tierec.store.spec",
+    "TierSpec": "tierec.store.spec",
+    "StorePlan": "tierec.store.plan",
+    "StoreMonitor": "tierec.store.monitor",
+    "StorePipeline": "tierec.store.pipeline",
+}
+
+__all__ = ["format_size", "parse_size", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tierec.store' has no attribute {name!r}")

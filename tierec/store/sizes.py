@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 
-from tierec.config import ConfigError
 
 _UNITS = {
     "": 1,
@@ -33,6 +32,10 @@ _UNITS = {
     "tib": 1 << 40,
     "tb": 10**12,
 }
+class SizeError(ValueError):
+    """A size that does not parse (tierec.config turns it into a ConfigError)."""
+
+
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
 
 
@@ -41,17 +44,17 @@ def parse_size(value: str | int | float | None, where: str = "size") -> int | No
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ConfigError(f"{where}: {value!r} is not a size")
+        raise _error(f"{where}: {value!r} is not a size")
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ConfigError(f"{where}: size must be >= 0, got {value!r}")
+            raise _error(f"{where}: size must be >= 0, got {value!r}")
         return int(value)
     text = value.strip().lower()
     if not text:
         return None
     m = _PATTERN.match(text)
     if m is None or m.group(2) not in _UNITS:
-        raise ConfigError(f"{where}: {value!r} is not a size; write e.g. '2GiB', '512MB', '64k' or a byte count")
+        raise _error(f"{where}: {value!r} is not a size; write e.g. '2GiB', '512MB', '64k' or a byte count")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
@@ -61,3 +64,13 @@ def format_size(n: int | float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def _error(message: str) -> ValueError:
+    # tierec.config imports this module lazily, so by now ConfigError exists; raise it
+    # (the CLI prints it as one line), falling back to a plain ValueError subclass.
+    try:
+        from tierec.config import ConfigError
+    except ImportError:  # pragma: no cover
+        return SizeError(message)
+    return ConfigError(message)

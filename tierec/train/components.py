@@ -23,6 +23,7 @@ from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
 from tierec.models import CTRModel, build_model, model_class
 from tierec.prune import Pruner, pruned_group_factory
+from tierec.store.plan import StorePlan
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
 WIDE_INIT_SCALE = 1e-3
@@ -41,18 +42,21 @@ class Components:
         seed, device = cfg.train.seed, cfg.train.device
         torch.manual_seed(seed)
         # Pruning stores the main tables as chunks; the dim-1 wide tables stay plain.
-        factory = pruned_group_factory(cfg.prune) if cfg.prune.enabled else None
+        # Tiered storage (cfg.store) tags tables with their store and builds their groups; a no-op when off.
+        plan = StorePlan.for_run(cfg, feature_names)
+        factory = pruned_group_factory(cfg.prune) if cfg.prune.enabled else plan.factory
         emb = EmbeddingCollection(
-            tables_from_config(cfg.embedding, feature_names), feature_names, seed=seed, device=device, group_factory=factory
+            plan.tables(tables_from_config(cfg.embedding, feature_names)), feature_names, seed=seed, device=device, group_factory=factory
         )
         wide = None
         if model_class(cfg.model.name).uses_wide:
             wide_cfg: EmbeddingConfig = dataclasses.replace(cfg.embedding, init_scale=WIDE_INIT_SCALE)
             wide = EmbeddingCollection(
-                tables_from_config(wide_cfg, feature_names, dim=1, suffix=".wide"),
+                plan.tables(tables_from_config(wide_cfg, feature_names, dim=1, suffix=".wide")),
                 feature_names,
                 seed=seed + 1,
                 device=device,
+                group_factory=plan.factory,
             )
         dims = set(emb.dims)
         if len(dims) != 1:

@@ -1,0 +1,157 @@
+"""StorePlan: which tables are tiered, in which store, with what sizes; the collection's group factory.
+
+Stores: every table without an entry in ``store.tables`` belongs to the
+default store, whose ``memory_budget`` (and ``cache_size``, ``host_size``) is
+split between its table groups (the main tables, the dim-1 wide tables, ...)
+in proportion to their row sizes, so the whole run stays within the budget. A
+table listed in ``store.tables`` gets a store of its own with its own sizes
+(unset ones are taken from ``[store]``), or stays all in memory with
+``enabled = false``.
+
+Per store: ``cache_size`` defaults to a quarter of the budget (256 MiB without
+one); ``host_size`` to the rest of the budget (unbounded without one); the
+disk tier exists when ``disk_path`` is set.
+
+>>> from tierec.config import StoreConfig, EmbeddingConfig
+>>> from tierec.embedding import tables_from_config
+>>> from tierec.store.plan import StorePlan
+>>> tables = tables_from_config(EmbeddingConfig(dim=15), ["a", "b"])  # 64-byte rows
+>>> plan = StorePlan(StoreConfig(enabled=True, memory_budget="1MiB"), [tables])
+>>> spec = plan.spec_for(plan.tables(tables))
+>>> spec.cache_bytes, spec.host_bytes, spec.disk_dir
+(262144, 786432, '')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tierec.config import Config, ConfigError, StoreConfig
+from tierec.embedding.group import TableGroup
+from tierec.embedding.optimizers import state_shapes
+from tierec.embedding.table import TableConfig, tables_from_config
+from tierec.store.sizes import parse_size
+from tierec.store.spec import TierSpec
+
+DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
+DEFAULT_STORE = "default"
+IN_MEMORY = "memory"
+
+
+@dataclass(kw_only=True)
+class StoredTable(TableConfig):
+    """A TableConfig that names its store: tables of different stores never share a group."""
+
+    store: str = DEFAULT_STORE
+
+    def group_key(self) -> tuple:
+        return (*super().group_key(), self.store)
+
+
+def record_bytes(t: TableConfig) -> int:
+    """Bytes of one row: weights and optimizer state."""
+    shapes = state_shapes(t.optimizer.kind, t.dim)
+    return 4 * (t.dim + sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values()))
+
+
+class StorePlan:
+    def __init__(self, cfg: StoreConfig, collections: list[list[TableConfig]]) -> None:
+        """``collections``: the tables of every collection the run builds (for the budget split)."""
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+        self._override = {o.name: o for o in cfg.tables}
+        known = {t.name for ts in collections for t in ts}
+        unknown = sorted(set(self._override) - known)
+        if self.enabled and unknown:
+            raise ConfigError(f"store.tables names unknown tables {unknown}; tables: {sorted(known)}")
+        # Share of the default store per table: its row bytes over all default tables' row bytes.
+        default = [t for ts in collections for t in ts if t.name not in self._override]
+        self._default_weight = float(sum(record_bytes(t) for t in default)) or 1.0
+
+    @classmethod
+    def for_run(cls, cfg: Config, feature_names: list[str] | tuple[str, ...]) -> StorePlan:
+        """The plan of a training run: its main tables, and the dim-1 wide tables when the model has them."""
+        from tierec.models import model_class
+
+        if cfg.store.enabled and cfg.prune.enabled:
+            raise ConfigError("store.enabled and prune.enabled cannot be combined yet; turn one of them off")
+        collections = [tables_from_config(cfg.embedding, feature_names)]
+        if model_class(cfg.model.name).uses_wide:
+            collections.append(tables_from_config(cfg.embedding, feature_names, dim=1, suffix=".wide"))
+        return cls(cfg.store, collections)
+
+    def tables(self, tables: list[TableConfig]) -> list[TableConfig]:
+        """The tables tagged with their store (unchanged when tiering is off)."""
+        if not self.enabled:
+            return tables
+        out = []
+        for t in tables:
+            o = self._override.get(t.name)
+            store = DEFAULT_STORE if o is None else (t.name if o.enabled else IN_MEMORY)
+            out.append(StoredTable(**{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}, store=store))
+        return out
+
+    @property
+    def factory(self):
+        """``group_factory`` for EmbeddingCollection, or None when tiering is off."""
+        return self._make if self.enabled else None
+
+    def _make(self, tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
+        store = getattr(tables[0], "store", DEFAULT_STORE)
+        if store == IN_MEMORY:
+            return TableGroup(tables, seed=seed, device=device)
+        from tierec.store.group import TieredGroup
+
+        return TieredGroup(tables, self.spec_for(tables), seed=seed, device=device)
+
+    def spec_for(self, tables: list[TableConfig]) -> TierSpec:
+        """The resolved TierSpec of the group holding ``tables``."""
+        cfg = self.cfg
+        store = getattr(tables[0], "store", DEFAULT_STORE)
+        o = self._override.get(store) if store != DEFAULT_STORE else None
+        share = 1.0 if o is not None else sum(record_bytes(t) for t in tables) / self._default_weight
+        where = "store" if o is None else f"store.tables[{store}]"
+
+        def pick(key: str) -> int | None:
+            text = getattr(o, key) if o is not None and getattr(o, key) != "" else getattr(cfg, key)
+            return parse_size(text, f"{where}.{key}")
+
+        budget, cache, host = pick("memory_budget"), pick("cache_size"), pick("host_size")
+        if cache is None:
+            cache = budget // 4 if budget is not None else DEFAULT_CACHE
+        if budget is not None:
+            if cache > budget:
+                raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
+            if host is None:
+                host = budget - cache
+            elif cache + host > budget:
+                raise ConfigError(f"{where}: cache_size + host_size ({cache + host} B) exceed memory_budget ({budget} B)")
+        disk = (o.disk_path if o is not None and o.disk_path else cfg.disk_path) or ""
+        if host == 0 and not disk:
+            raise ConfigError(f"{where}: host_size is 0 and there is no disk_path: rows would have nowhere to go")
+
+        def policy(key: str) -> int:
+            v = getattr(o, key) if o is not None else -1
+            return v if v >= 0 else getattr(cfg, key)
+
+        return TierSpec(
+            cache_bytes=max(int(cache * share), 1),
+            host_bytes=None if host is None else int(host * share),
+            disk_dir=disk,
+            cache_policy=cfg.cache_policy,
+            interval=cfg.interval,
+            decay=cfg.decay,
+            promote_max=cfg.promote_max,
+            admit_after=policy("admit_after"),
+            admit_probability=cfg.admit_probability,
+            max_rows=policy("max_rows"),
+            ttl_steps=policy("ttl_steps"),
+            sketch_width=cfg.sketch_width,
+            sketch_depth=cfg.sketch_depth,
+            io_threads=cfg.io_threads,
+            drop_page_cache=cfg.drop_page_cache,
+        )

@@ -10,7 +10,7 @@ from data_helpers import assert_same_batches
 from tierec.config import ConfigError, DataConfig, SyntheticConfig
 from tierec.data import PlantedModel, SyntheticData, cardinalities, open_source, planted_logits, planted_scores
 from tierec.data.hashing import HEX_FEATURE_SHIFT
-from tierec.data.planted import unpermute
+from tierec.data.synth_kernels import unpermute
 from tierec.data.schema import CRITEO_CARDINALITIES
 
 

@@ -14,8 +14,9 @@ logit = bias + sum_j w_j (d_j - m_j)                      dense, linear
 * The weights are scaled so the logit has standard deviation ``LOGIT_STD``:
   20% of its variance from dense features, 60% from per-id effects and 20% from
   interactions. Feature ``f`` gets a share ``0.7 ** k_f`` of the per-id part, with
-  ``k_f`` a seeded permutation of 0..25, so importances span four orders of
-  magnitude and several features are close to useless (for pruning studies).
+  ``k_f`` a seeded permutation of 0..25, so the features' variance shares span
+  four orders of magnitude and several features are close to useless (for
+  pruning studies).
   The bias is fitted on a separate calibration stream so the mean click
   probability is ``positive_rate``.
 
@@ -25,9 +26,9 @@ from shards.
 
 >>> from tierec.config import SyntheticConfig
 >>> m = PlantedModel.from_config(SyntheticConfig())
->>> ranks = np.arange(5, dtype=np.int64)
->>> bool((unpermute(permute(ranks, m.perm_keys[3]), m.perm_keys[3]) == ranks).all())
-True
+>>> dense, values, _ = m.draw(seeded(0, 100, 1), start=0, n=3)
+>>> m.logits(dense, values, np.arange(26 * 3 + 1)).shape
+(3,)
 """
 
 from __future__ import annotations
@@ -37,82 +38,18 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, prange
 
 from tierec.config import SyntheticConfig
-from tierec.data.hashing import HEX_FEATURE_SHIFT, mix64
 from tierec.data.schema import CRITEO_CARDINALITIES
+from tierec.data.synth_kernels import LATENT_DIM, draw_kernel, pseudo_normal, score_kernel
 
 LOGIT_STD = 1.6  # standard deviation of the planted logit (planted AUC about 0.82)
 DECAY_RANK = 200.0  # R0: an id's effect is scaled by R0 / (R0 + rank)
-LATENT_DIM = 4  # rank of the pairwise interaction term
 N_INTERACTING = 4  # features carrying latent vectors (all pairs among them interact)
 SHARES = (0.2, 0.6, 0.2)  # variance of the logit from dense, per-id effects, interactions
 IMPORTANCE_RATIO = 0.7  # successive features' shares of the per-id variance
 CALIBRATION_ROWS = 1 << 14  # rows of the stream the bias is fitted on (base rate within ~0.003)
 CALIBRATION_SPLIT = 3  # the stream's tag (train is 1, test 2)
-
-_M32 = np.uint64(0xFFFFFFFF)
-_C1, _C2 = np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
-_C1_INV, _C2_INV = np.uint64(pow(0x85EBCA6B, -1, 1 << 32)), np.uint64(pow(0xC2B2AE35, -1, 1 << 32))
-_S16, _S13, _S26, _S32, _S48 = (np.uint64(k) for k in (16, 13, 26, 32, 48))
-_U16 = np.uint64(0xFFFF)
-_PN_MEAN = 4 * 32767.5  # Irwin-Hall(4) over 16-bit parts: mean and standard deviation
-_PN_STD = 65536.0 / math.sqrt(3.0)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_ROW_MUL = np.uint64(0xD1B54A32D192ED03)
-_S11 = np.uint64(11)
-
-
-@njit(cache=True, inline="always")
-def perm32(r: np.uint64, k1: np.uint64, k2: np.uint64) -> np.uint64:
-    """A keyed bijection of 32-bit values (murmur3's fmix32 between two XORs)."""
-    h = (r ^ k1) & _M32
-    h ^= h >> _S16
-    h = (h * _C1) & _M32
-    h ^= h >> _S13
-    h = (h * _C2) & _M32
-    h ^= h >> _S16
-    return h ^ k2
-
-
-@njit(cache=True, inline="always")
-def unperm32(v: np.uint64, k1: np.uint64, k2: np.uint64) -> np.uint64:
-    """The inverse of :func:`perm32`."""
-    h = (v ^ k2) & _M32
-    h ^= h >> _S16
-    h = (h * _C2_INV) & _M32
-    h ^= (h >> _S13) ^ (h >> _S26)
-    h = (h * _C1_INV) & _M32
-    h ^= h >> _S16
-    return h ^ k1
-
-
-@njit(cache=True, inline="always")
-def pseudo_normal(h: np.uint64) -> float:
-    """Mean 0, variance 1 (a sum of four 16-bit uniforms)."""
-    s = (h & _U16) + ((h >> _S16) & _U16) + ((h >> _S32) & _U16) + (h >> _S48)
-    return (float(s) - _PN_MEAN) / _PN_STD
-
-
-def permute(ranks: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Ranks -> 32-bit id values for one feature (``keys`` = its two uint64 keys)."""
-    return _permute_many(ranks.astype(np.uint64), keys[0], keys[1]).astype(np.int64)
-
-
-def unpermute(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    return _unpermute_many(values.astype(np.uint64), keys[0], keys[1]).astype(np.int64)
-
-
-@njit(cache=True)
-def _permute_many(r: np.ndarray, k1: np.uint64, k2: np.uint64) -> np.ndarray:
-    return np.array([perm32(x, k1, k2) for x in r], dtype=np.uint64)
-
-
-@njit(cache=True)
-def _unpermute_many(v: np.ndarray, k1: np.uint64, k2: np.uint64) -> np.ndarray:
-    return np.array([unperm32(x, k1, k2) for x in v], dtype=np.uint64)
-
 
 def seeded(seed: int, *tags: int) -> np.uint64:
     """A uint64 derived from the seed and a path of integer tags (pure Python, exact)."""
@@ -172,7 +109,7 @@ class PlantedModel:
     def from_config(cfg: SyntheticConfig) -> PlantedModel:
         n_feat, n_dense, seed = len(CRITEO_CARDINALITIES), cfg.n_dense, cfg.seed
         cards = np.array(cardinalities(cfg), np.int64)
-        keys = np.array([[seeded(seed, 1, f, 0) & _M32, seeded(seed, 1, f, 1) & _M32] for f in range(n_feat)], np.uint64)
+        keys = np.array([[int(seeded(seed, 1, f, t)) & 0xFFFFFFFF for t in (0, 1)] for f in range(n_feat)], np.uint64)
         effect_keys = np.array([seeded(seed, 2, f) for f in range(n_feat)], np.uint64)
         latent_keys = np.array([seeded(seed, 3, f) for f in range(n_feat)], np.uint64)
         # Model constants come from seeded(), not numpy's RNG, whose streams may change across versions.
@@ -223,7 +160,7 @@ class PlantedModel:
         dense = np.empty((n, self.dense_scale.shape[0]), np.float32)
         values = np.empty(n_feat * n * k, np.int64)
         u_label = np.empty(n, np.float64)
-        _draw(
+        draw_kernel(
             np.int64(start), split_key, self.cards, self.zipf_c, self.zipf_inv, self.zipf_mode, self.perm_keys,
             k, self.dense_scale, dense, values, u_label,
         )  # fmt: skip
@@ -246,7 +183,7 @@ class PlantedModel:
     def logits(self, dense: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Planted logits [n] float32 of rows given ``dense`` [n, D] and feature-major bags."""
         out = np.empty(dense.shape[0], np.float32)
-        _score(
+        score_kernel(
             dense, values, offsets, self.perm_keys, self.effect_keys, self.latent_keys, self.weights,
             self.latent_slot, self.pairs, self.pair_weights, self.dense_weights, self.dense_mean, self.bias,
             self.decay_rank, out,
@@ -263,75 +200,3 @@ def _mean_decay_sq(n: int, zipf: float) -> float:
     p = rank_probabilities(n, zipf)
     h = DECAY_RANK / (DECAY_RANK + np.arange(p.shape[0], dtype=np.float64))
     return float((p * h * h).sum())
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _score(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs, pair_weights,
-           dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
-    n, n_dense = dense.shape
-    n_feat = weights.shape[0]
-    n_lat = 0
-    for f in range(n_feat):
-        n_lat = max(n_lat, latent_slot[f] + 1)
-    chunk = 512
-    for c in prange((n + chunk - 1) // chunk):
-        u = np.zeros((max(n_lat, 1), LATENT_DIM))
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            z = 0.0
-            for j in range(n_dense):
-                z += dense_weights[j] * (dense[i, j] - dense_mean[j])
-            u[:] = 0.0
-            for f in range(n_feat):
-                s, e = offsets[f * n + i], offsets[f * n + i + 1]
-                if e == s:
-                    continue
-                slot = latent_slot[f]
-                acc = 0.0
-                for p in range(s, e):
-                    v = np.uint64(values[p]) & _M32
-                    rank = float(unperm32(v, perm_keys[f, 0], perm_keys[f, 1]))
-                    h = decay_rank / (decay_rank + rank)
-                    acc += h * pseudo_normal(mix64(effect_keys[f] ^ v))
-                    if slot >= 0:
-                        g = mix64(latent_keys[f] ^ v)
-                        for q in range(LATENT_DIM):
-                            part = float((g >> np.uint64(16 * q)) & _U16)
-                            u[slot, q] += h * (part / 65535.0 - 0.5) * 3.4641016151377544  # sqrt(12)
-                inv = 1.0 / (e - s)
-                z += weights[f] * acc * inv
-                if slot >= 0:
-                    for q in range(LATENT_DIM):
-                        u[slot, q] *= inv
-            for p in range(pairs.shape[0]):
-                dot = 0.0
-                for q in range(LATENT_DIM):
-                    dot += u[pairs[p, 0], q] * u[pairs[p, 1], q]
-                z += pair_weights[p] * dot
-            out[i] = bias + z
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _draw(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
-    n, n_dense = dense.shape
-    n_feat = cards.shape[0]
-    for i in prange(n):
-        ctr = mix64(split_key + np.uint64(start + i) * _ROW_MUL)  # the row's counter
-        for j in range(n_dense):
-            ctr += _GOLDEN
-            dense[i, j] = dense_scale[j] * abs(pseudo_normal(mix64(ctr)))
-        for f in range(n_feat):
-            card = cards[f]
-            base = np.int64(f) << HEX_FEATURE_SHIFT
-            for t in range(k):
-                ctr += _GOLDEN
-                u = (float(mix64(ctr) >> _S11) + 0.5) * 1.1102230246251565e-16  # (0, 1)
-                if mode == 0:
-                    x = u * zc[f]
-                elif mode == 1:
-                    x = math.exp(u * zc[f]) - 1.0
-                else:
-                    x = math.exp(math.log1p(u * zc[f]) * inv) - 1.0
-                rank = min(max(np.int64(x), 0), card - 1)
-                values[(f * n + i) * k + t] = base | np.int64(perm32(np.uint64(rank), perm_keys[f, 0], perm_keys[f, 1]))
-        ctr += _GOLDEN
-        u_label[i] = (float(mix64(ctr) >> _S11) + 0.5) * 1.1102230246251565e-16

@@ -1,0 +1,214 @@
+"""Numba kernels of the synthetic generator: drawing rows and scoring them.
+
+Counter-based: row ``i`` of a stream is a function of ``(split_key, i)`` only,
+so blocks can be drawn anywhere and in any order. Ids are popularity ranks
+pushed through a keyed 32-bit permutation (:func:`perm32`, inverted by
+:func:`unperm32` when scoring); every effect and latent value is hashed from
+(key, id) on the fly.
+
+Parallel (numba ``prange``) kernels are used only when numba has a thread-safe
+threading layer (OpenMP or TBB): with the ``workqueue`` layer, two threads
+launching parallel kernels at once (a background loader and an evaluation loop)
+would abort the process, so the serial twins run instead.
+
+>>> keys = np.array([12345, 678], np.uint64)
+>>> ranks = np.arange(5, dtype=np.int64)
+>>> bool((unpermute(permute(ranks, keys), keys) == ranks).all()) and len(set(permute(ranks, keys))) == 5
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from tierec.data.hashing import HEX_FEATURE_SHIFT, mix64
+
+LATENT_DIM = 4  # rank of the pairwise interaction term
+CHUNK = 512  # rows per parallel work item
+
+_M32 = np.uint64(0xFFFFFFFF)
+_C1, _C2 = np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
+_C1_INV, _C2_INV = np.uint64(pow(0x85EBCA6B, -1, 1 << 32)), np.uint64(pow(0xC2B2AE35, -1, 1 << 32))
+_S16, _S13, _S26, _S32, _S48 = (np.uint64(k) for k in (16, 13, 26, 32, 48))
+_U16 = np.uint64(0xFFFF)
+_PN_MEAN = 4 * 32767.5  # Irwin-Hall(4) over 16-bit parts: mean and standard deviation
+_PN_STD = 65536.0 / math.sqrt(3.0)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_ROW_MUL = np.uint64(0xD1B54A32D192ED03)
+_S11 = np.uint64(11)
+
+
+@njit(cache=True, inline="always")
+def perm32(r: np.uint64, k1: np.uint64, k2: np.uint64) -> np.uint64:
+    """A keyed bijection of 32-bit values (murmur3's fmix32 between two XORs)."""
+    h = (r ^ k1) & _M32
+    h ^= h >> _S16
+    h = (h * _C1) & _M32
+    h ^= h >> _S13
+    h = (h * _C2) & _M32
+    h ^= h >> _S16
+    return h ^ k2
+
+
+@njit(cache=True, inline="always")
+def unperm32(v: np.uint64, k1: np.uint64, k2: np.uint64) -> np.uint64:
+    """The inverse of :func:`perm32`."""
+    h = (v ^ k2) & _M32
+    h ^= h >> _S16
+    h = (h * _C2_INV) & _M32
+    h ^= (h >> _S13) ^ (h >> _S26)
+    h = (h * _C1_INV) & _M32
+    h ^= h >> _S16
+    return h ^ k1
+
+
+@njit(cache=True, inline="always")
+def pseudo_normal(h: np.uint64) -> float:
+    """Mean 0, variance 1 (a sum of four 16-bit uniforms)."""
+    s = (h & _U16) + ((h >> _S16) & _U16) + ((h >> _S32) & _U16) + (h >> _S48)
+    return (float(s) - _PN_MEAN) / _PN_STD
+
+
+def permute(ranks: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Ranks -> 32-bit id values for one feature (``keys`` = its two uint64 keys)."""
+    return _permute_many(ranks.astype(np.uint64), keys[0], keys[1]).astype(np.int64)
+
+
+def unpermute(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    return _unpermute_many(values.astype(np.uint64), keys[0], keys[1]).astype(np.int64)
+
+
+@njit(cache=True)
+def _permute_many(r: np.ndarray, k1: np.uint64, k2: np.uint64) -> np.ndarray:
+    return np.array([perm32(x, k1, k2) for x in r], dtype=np.uint64)
+
+
+@njit(cache=True)
+def _unpermute_many(v: np.ndarray, k1: np.uint64, k2: np.uint64) -> np.ndarray:
+    return np.array([unperm32(x, k1, k2) for x in v], dtype=np.uint64)
+
+
+@njit(cache=True, nogil=True)
+def _score_rows(lo, hi, dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
+                pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u):  # fmt: skip
+    """Planted logits of rows ``lo..hi-1``; ``u`` [n_latent, LATENT_DIM] is scratch."""
+    n, n_dense = dense.shape
+    n_feat = weights.shape[0]
+    for i in range(lo, hi):
+        z = 0.0
+        for j in range(n_dense):
+            z += dense_weights[j] * (dense[i, j] - dense_mean[j])
+        u[:] = 0.0
+        for f in range(n_feat):
+            s, e = offsets[f * n + i], offsets[f * n + i + 1]
+            if e == s:
+                continue
+            slot = latent_slot[f]
+            acc = 0.0
+            for p in range(s, e):
+                v = np.uint64(values[p]) & _M32
+                rank = float(unperm32(v, perm_keys[f, 0], perm_keys[f, 1]))
+                h = decay_rank / (decay_rank + rank)
+                acc += h * pseudo_normal(mix64(effect_keys[f] ^ v))
+                if slot >= 0:
+                    g = mix64(latent_keys[f] ^ v)
+                    for q in range(LATENT_DIM):
+                        part = float((g >> np.uint64(16 * q)) & _U16)
+                        u[slot, q] += h * (part / 65535.0 - 0.5) * 3.4641016151377544  # sqrt(12)
+            inv = 1.0 / (e - s)
+            z += weights[f] * acc * inv
+            if slot >= 0:
+                for q in range(LATENT_DIM):
+                    u[slot, q] *= inv
+        for p in range(pairs.shape[0]):
+            dot = 0.0
+            for q in range(LATENT_DIM):
+                dot += u[pairs[p, 0], q] * u[pairs[p, 1], q]
+            z += pair_weights[p] * dot
+        out[i] = bias + z
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _score_parallel(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
+                    pair_weights, dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
+    n = dense.shape[0]
+    n_lat = max(1, latent_slot.max() + 1)
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        u = np.zeros((n_lat, LATENT_DIM))
+        _score_rows(c * CHUNK, min(n, (c + 1) * CHUNK), dense, values, offsets, perm_keys, effect_keys, latent_keys,
+                    weights, latent_slot, pairs, pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _score_serial(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
+                  pair_weights, dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
+    u = np.zeros((max(1, latent_slot.max() + 1), LATENT_DIM))
+    _score_rows(0, dense.shape[0], dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot,
+                pairs, pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _draw_rows(lo, hi, start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
+    """Rows ``lo..hi-1`` of a block starting at stream row ``start``."""
+    n, n_dense = dense.shape
+    n_feat = cards.shape[0]
+    for i in range(lo, hi):
+        ctr = mix64(split_key + np.uint64(start + i) * _ROW_MUL)  # the row's counter
+        for j in range(n_dense):
+            ctr += _GOLDEN
+            dense[i, j] = dense_scale[j] * abs(pseudo_normal(mix64(ctr)))
+        for f in range(n_feat):
+            card = cards[f]
+            base = np.int64(f) << HEX_FEATURE_SHIFT
+            for t in range(k):
+                ctr += _GOLDEN
+                u = (float(mix64(ctr) >> _S11) + 0.5) * 1.1102230246251565e-16  # (0, 1)
+                if mode == 0:
+                    x = u * zc[f]
+                elif mode == 1:
+                    x = math.exp(u * zc[f]) - 1.0
+                else:
+                    x = math.exp(math.log1p(u * zc[f]) * inv) - 1.0
+                rank = min(max(np.int64(x), 0), card - 1)
+                values[(f * n + i) * k + t] = base | np.int64(perm32(np.uint64(rank), perm_keys[f, 0], perm_keys[f, 1]))
+        ctr += _GOLDEN
+        u_label[i] = (float(mix64(ctr) >> _S11) + 0.5) * 1.1102230246251565e-16
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _draw_parallel(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
+    n = dense.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        _draw_rows(c * CHUNK, min(n, (c + 1) * CHUNK), start, split_key, cards, zc, inv, mode, perm_keys, k,
+                   dense_scale, dense, values, u_label)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _draw_serial(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
+    _draw_rows(0, dense.shape[0], start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values,
+               u_label)  # fmt: skip
+
+
+def _threadsafe_parallel() -> bool:
+    """Whether numba parallel kernels may be launched from several threads at once."""
+    layer = numba.config.THREADING_LAYER
+    if layer == "workqueue":
+        return False
+    candidates = {"omp": ["omppool"], "tbb": ["tbbpool"]}.get(layer, ["tbbpool", "omppool"])
+    for name in candidates:
+        try:
+            importlib.import_module(f"numba.np.ufunc.{name}")
+            return True
+        except ImportError:
+            continue
+    return False
+
+
+PARALLEL = _threadsafe_parallel()  # fixed for the process
+draw_kernel = _draw_parallel if PARALLEL else _draw_serial
+score_kernel = _score_parallel if PARALLEL else _score_serial

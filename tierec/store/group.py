@@ -36,6 +36,7 @@ Slot 0 is a shared row of zeros: ids not admitted yet (``admit_after``,
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -108,6 +109,8 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
         self._lock = threading.RLock()
+        # seconds: in lookup (main thread), of which waiting for the lock (held by a prefetch), in prefetch
+        self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
 
     # ------------------------------------------------------------ lookups
 
@@ -117,34 +120,43 @@ class TieredGroup(Policies, TierState, TableGroup):
         Training (``insert``): unknown ids are admitted (or read the zero slot)
         and access statistics are counted. Evaluation: unknown ids get -1.
         """
+        t0 = time.perf_counter()
         with self._lock:
-            self.clock += 1
-            if insert:
-                self.train_steps += 1
-                if self.train_steps % self.spec.interval == 0:
-                    self.maintain()
-            d = self.index
-            lids = d.find(keys, tabs)  # [U]
-            rows = np.full(keys.shape[0], -1, dtype=np.int64)
-            if insert:
-                unknown = np.flatnonzero(lids < 0)
-                if unknown.size:
-                    admit = self._admit(keys[unknown], tabs[unknown])
-                    rejected = unknown[~admit]
-                    rows[rejected] = ZERO_SLOT
-                    self._count(Counter.REJECTED, tabs[rejected])
-                    new = unknown[admit]
-                    lids[new] = d.insert(keys[new], tabs[new])
-                    self._count(Counter.NEW, tabs[new])
-                known = lids[lids >= 0]
-                d.freq[known] += 1.0
-                d.last[known] = self.train_steps
-            pos = np.flatnonzero(lids >= 0)
-            rows[pos] = self._make_resident(lids[pos], self.clock, steal=True, tabs=tabs[pos])
-            if insert:
-                self.dirty[rows[pos]] = True  # the backward updates them
-                self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
-            return torch.from_numpy(rows)
+            t1 = time.perf_counter()
+            try:
+                return self._lookup(keys, tabs, insert)
+            finally:
+                self.timers["lock_wait_s"] += t1 - t0
+                self.timers["lookup_s"] += time.perf_counter() - t0
+
+    def _lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+        self.clock += 1
+        if insert:
+            self.train_steps += 1
+            if self.train_steps % self.spec.interval == 0:
+                self.maintain()
+        d = self.index
+        lids = d.find(keys, tabs)  # [U]
+        rows = np.full(keys.shape[0], -1, dtype=np.int64)
+        if insert:
+            unknown = np.flatnonzero(lids < 0)
+            if unknown.size:
+                admit = self._admit(keys[unknown], tabs[unknown])
+                rejected = unknown[~admit]
+                rows[rejected] = ZERO_SLOT
+                self._count(Counter.REJECTED, tabs[rejected])
+                new = unknown[admit]
+                lids[new] = d.insert(keys[new], tabs[new])
+                self._count(Counter.NEW, tabs[new])
+            known = lids[lids >= 0]
+            d.freq[known] += 1.0
+            d.last[known] = self.train_steps
+        pos = np.flatnonzero(lids >= 0)
+        rows[pos] = self._make_resident(lids[pos], self.clock, steal=True, tabs=tabs[pos])
+        if insert:
+            self.dirty[rows[pos]] = True  # the backward updates them
+            self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
+        return torch.from_numpy(rows)
 
     def prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
         """Bring the known rows of an upcoming batch up and pin them until it is looked up.
@@ -153,25 +165,32 @@ class TieredGroup(Policies, TierState, TableGroup):
         depend on it. Leaves room for one batch besides all prefetched rows.
         Returns the rows brought up.
         """
+        t0 = time.perf_counter()
         with self._lock:
-            lids = self.index.find(keys, tabs)
-            lids = lids[lids >= 0]
-            cs = self.index.cslot[lids]
-            self.pin[cs[cs >= 0]] = PREFETCHED
-            missing = lids[cs < 0]
-            if missing.size == 0:
-                return 0
-            pinned = int(np.count_nonzero(self.pin == PREFETCHED))
-            room = self.capacity - pinned - max(self.max_batch_rows, 1)
-            missing = missing[: max(room, 0)]
-            if missing.size == 0:
-                return 0
-            slots = self._take_slots(missing.size, steal=False, best_effort=True)
-            missing = missing[: slots.size]
-            self._bring_up(missing, slots)
-            self.pin[slots] = PREFETCHED
-            self._count(Counter.PREFETCHED, self.index.tabs[missing])
-            return int(missing.size)
+            try:
+                return self._prefetch(keys, tabs)
+            finally:
+                self.timers["prefetch_s"] += time.perf_counter() - t0
+
+    def _prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
+        lids = self.index.find(keys, tabs)
+        lids = lids[lids >= 0]
+        cs = self.index.cslot[lids]
+        self.pin[cs[cs >= 0]] = PREFETCHED
+        missing = lids[cs < 0]
+        if missing.size == 0:
+            return 0
+        pinned = int(np.count_nonzero(self.pin == PREFETCHED))
+        room = self.capacity - pinned - max(self.max_batch_rows, 1)
+        missing = missing[: max(room, 0)]
+        if missing.size == 0:
+            return 0
+        slots = self._take_slots(missing.size, steal=False, best_effort=True)
+        missing = missing[: slots.size]
+        self._bring_up(missing, slots)
+        self.pin[slots] = PREFETCHED
+        self._count(Counter.PREFETCHED, self.index.tabs[missing])
+        return int(missing.size)
 
     def release_prefetched(self) -> None:
         """Unpin rows prefetched for batches that will not come (the pipeline stopped)."""

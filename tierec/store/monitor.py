@@ -1,0 +1,119 @@
+"""StoreMonitor: what the trainer sees of the tiered stores.
+
+It wraps the batch stream in the prefetch pipeline (``store.prefetch``),
+gives short progress-bar fields (fast-tier hit rate, disk traffic, compute
+wait) and full records for the metrics file: per table and tier the hit rate,
+rows resident, rows admitted, evicted and deleted, bytes read from and written
+to disk; and the pipeline's wait times. With no tiered group it does nothing.
+
+>>> from tierec.config import load_config
+>>> from tierec.train.components import Components
+>>> from tierec.store.monitor import StoreMonitor
+>>> parts = Components.build(load_config(None, ["embedding.dim=4"]), ["C1"], n_dense=1)
+>>> m = StoreMonitor([parts.embeddings], load_config(None).store)
+>>> m.active, m.postfix(), list(m.wrap(iter([1, 2])))
+(False, {}, [1, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tierec.config import StoreConfig
+from tierec.store.pipeline import StorePipeline, targets_of
+from tierec.store.sizes import format_size
+from tierec.store.spec import Counter
+
+_SUMMED = (
+    "hits",
+    "misses",
+    "new",
+    "rejected",
+    "prefetched",
+    "evicted",
+    "deleted_ttl",
+    "deleted_lfu",
+    "promoted",
+    "disk_read_rows",
+    "disk_write_rows",
+    "host_read_rows",
+    "host_write_rows",
+    "rows_cache",
+    "rows_host",
+    "rows_disk",
+    "disk_read_bytes",
+    "disk_write_bytes",
+)
+
+
+class StoreMonitor:
+    def __init__(self, collections: list[Any], cfg: StoreConfig) -> None:
+        self.collections = [c for c in collections if c is not None]
+        self.groups = [t.group for t in targets_of(self.collections)]
+        self.active = bool(self.groups)
+        self.pipeline = StorePipeline(self.collections, cfg.prefetch_depth) if cfg.prefetch and self.active else None
+        self._streams: list[Any] = []
+
+    @classmethod
+    def for_components(cls, parts: Any, cfg: StoreConfig) -> StoreMonitor:
+        return cls([parts.embeddings, parts.wide], cfg)
+
+    def wrap(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """The batch stream, through the prefetch pipeline when it is on."""
+        if self.pipeline is None:
+            return iter(batches)
+        stream = self.pipeline.run(batches)
+        self._streams.append(stream)
+        return stream
+
+    def close(self) -> None:
+        """Stop pipelines still running (a loop that broke out early) and unpin their rows."""
+        for s in self._streams:
+            s.close()
+        self._streams.clear()
+
+    # ------------------------------------------------------------- reports
+
+    def tables(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for g in self.groups:
+            out.update(g.stats())
+        return out
+
+    def totals(self, tables: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
+        tables = self.tables() if tables is None else tables
+        tot = {k: sum(t[k] for t in tables.values()) for k in _SUMMED}
+        looked = tot["hits"] + tot["misses"] + tot["new"]
+        tot["hit_rate"] = tot["hits"] / looked if looked else float("nan")
+        tot["lookup_s"] = sum(g.timers["lookup_s"] for g in self.groups)
+        tot["ram_bytes"] = sum(g.nbytes() for g in self.groups)
+        tot["disk_file_bytes"] = sum(g.disk_bytes() for g in self.groups)
+        return tot
+
+    def pipeline_stats(self) -> dict[str, float]:
+        if self.pipeline is None:
+            return {"wait_s": 0.0, "prefetched_rows": 0}
+        return self.pipeline.stats()
+
+    def record(self) -> dict[str, Any]:
+        """``{"store": {...}}`` for a metrics record (empty when no table is tiered)."""
+        if not self.active:
+            return {}
+        tables = self.tables()
+        return {"store": {"total": self.totals(tables), "pipeline": self.pipeline_stats(), "tables": tables}}
+
+    def postfix(self) -> dict[str, str]:
+        """A few short progress-bar fields (cheap: counters only)."""
+        if not self.active:
+            return {}
+        hits = misses = new = read = 0
+        for g in self.groups:
+            c = g.counters.sum(0)
+            hits, misses, new = hits + c[Counter.HITS], misses + c[Counter.MISSES], new + c[Counter.NEW]
+            read += c[Counter.DISK_READ_ROWS] * 4 * (g.record_width + 1)  # bytes: a disk record has a lid header
+        looked = hits + misses + new
+        out = {"hit": f"{hits / looked:.1%}" if looked else "-", "disk_read": format_size(read)}
+        if self.pipeline is not None:
+            out["wait"] = f"{self.pipeline_stats()['wait_s']:.1f}s"
+        return out

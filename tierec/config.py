@@ -247,9 +247,9 @@ class StoreTableConfig:
 
     name: str
     enabled: bool = True  # false: this table stays all in memory
-    memory_budget: str = ""
-    cache_size: str = ""
-    host_size: str = ""
+    memory_budget: str | int = ""
+    cache_size: str | int = ""
+    host_size: str | int = ""
     disk_path: str = ""
     max_rows: int = -1
     ttl_steps: int = -1
@@ -268,9 +268,9 @@ class StoreConfig:
     """
 
     enabled: bool = False
-    memory_budget: str = ""  # "" = unbounded (no spilling)
-    cache_size: str = ""  # fast tier; "" = a quarter of memory_budget, or 256MiB without a budget
-    host_size: str = ""  # host DRAM tier; "" = the rest of memory_budget (unbounded without one); "0" = none
+    memory_budget: str | int = ""  # "" = unbounded (no spilling)
+    cache_size: str | int = ""  # fast tier; "" = a quarter of memory_budget, or 256MiB without a budget
+    host_size: str | int = ""  # host DRAM tier; "" = the rest of memory_budget (unbounded without one); "0" = none
     disk_path: str = ""  # directory of the disk tier's (unlinked) files; "" = no disk tier
     cache_policy: str = "lfu"  # lfu (decayed access counts) | lru
     interval: int = 100  # training steps between hotness passes (decay, deletion, placement)

@@ -17,6 +17,7 @@ to disk; and the pipeline's wait times. With no tiered group it does nothing.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -53,7 +54,9 @@ class StoreMonitor:
         self.groups = [t.group for t in targets_of(self.collections)]
         self.active = bool(self.groups)
         self.pipeline = StorePipeline(self.collections, cfg.prefetch_depth) if cfg.prefetch and self.active else None
-        self._streams: list[Any] = []
+        # Weak: the loop's own reference must be the last, so a `break` closes the stream at once
+        # (stopping the prefetch thread before the loader under it is closed).
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @classmethod
     def for_components(cls, parts: Any, cfg: StoreConfig) -> StoreMonitor:
@@ -64,14 +67,13 @@ class StoreMonitor:
         if self.pipeline is None:
             return iter(batches)
         stream = self.pipeline.run(batches)
-        self._streams.append(stream)
+        self._streams.add(stream)
         return stream
 
     def close(self) -> None:
         """Stop pipelines still running (a loop that broke out early) and unpin their rows."""
-        for s in self._streams:
+        for s in list(self._streams):
             s.close()
-        self._streams.clear()
 
     # ------------------------------------------------------------- reports
 
@@ -102,6 +104,12 @@ class StoreMonitor:
             return {}
         tables = self.tables()
         return {"store": {"total": self.totals(tables), "pipeline": self.pipeline_stats(), "tables": tables}}
+
+    def summary(self) -> dict[str, Any]:
+        """``{"store": totals and pipeline}`` for the run summary (empty when no table is tiered)."""
+        if not self.active:
+            return {}
+        return {"store": {**self.totals(), "pipeline": self.pipeline_stats()}}
 
     def postfix(self) -> dict[str, str]:
         """A few short progress-bar fields (cheap: counters only)."""

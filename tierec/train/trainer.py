@@ -32,6 +32,7 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
+from tierec.store.monitor import StoreMonitor
 from tierec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc
@@ -98,6 +99,7 @@ class Trainer:
         if self.resume:
             pos = self._load(parts, ckpt_dir)
         total = self._total_steps(probe)
+        store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
 
         # 2. loop over steps
         bar = tqdm(total=total, initial=pos.step, disable=not cfg.train.progress, unit="step", dynamic_ncols=True)
@@ -106,7 +108,7 @@ class Trainer:
         while not done:
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch in loader:
+                for batch in store.wrap(loader):
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
@@ -118,12 +120,12 @@ class Trainer:
                     pos.batch_in_epoch += 1
                     rate = samples / max(busy, 1e-9)
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows(), **_prune_postfix(parts))
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows(), **_prune_postfix(parts), **store.postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
                     if pos.step % 50 == 0 or pos.step == total:
                         bytes_ = parts.embedding_bytes()
-                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_})
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_, **store.record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._eval(parts, log, pos, bar)
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
@@ -135,6 +137,7 @@ class Trainer:
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
         bar.close()
+        store.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
             parts.pruner.step()  # the evaluated and saved model meets the budget too
             self._log_prune(parts, log, pos, None)
@@ -151,6 +154,7 @@ class Trainer:
             "final_train_loss": last_loss,
             "embedding_rows": parts.embedding_rows(),
             "embedding_bytes": parts.embedding_bytes(),
+            **store.summary(),
             "peak_memory_bytes": peak_memory_bytes(),
             "run_dir": str(self.run_dir),
         }

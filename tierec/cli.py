@@ -1,13 +1,15 @@
 """The ``tierec`` command line: one function per command.
 
-    tierec train [--config FILE] [--set section.key=value ...] [--run-dir DIR] [--resume]
+    tierec train [--config FILE] [--set section.key=value ...] [--run-dir DIR] [--resume] [--nproc N]
+    torchrun --nproc_per_node N -m tierec train ...      (multi-node: torchrun's rendezvous arguments)
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec bench [benchmark options]
 
 Configuration problems, bad data files and unreadable checkpoints are reported
-as one line on stderr with exit status 2, not as a traceback.
+as one line on stderr with exit status 2, not as a traceback; a lost rank of a
+distributed job with exit status 3.
 """
 
 from __future__ import annotations
@@ -59,7 +61,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     if not args.progress:
         cfg.train.progress = False
-    summary = Trainer(cfg, run_dir, resume=args.resume).fit()
+    if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
+        from tierec.distributed.launch import run_train
+
+        return run_train(cfg, run_dir, resume=args.resume, nproc=args.nproc, argv=args.argv, report=_print_summary)
+    _print_summary(Trainer(cfg, run_dir, resume=args.resume).fit())
+    return 0
+
+
+def _launched_by_torchrun() -> bool:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def _print_summary(summary: dict) -> None:
     print()
     print(f"test AUC        {summary['test_auc']:.4f}")
     if "planted_auc" in summary:
@@ -69,17 +85,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"embedding rows  {summary['embedding_rows']:,}  ({_human_bytes(summary['embedding_bytes'])})")
     print(f"peak memory     {_human_bytes(summary['peak_memory_bytes'])}")
     print(f"run directory   {summary['run_dir']}")
-    return 0
 
 
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     from tierec.config import apply_override
     from tierec.data import open_source
-    from tierec.train.checkpoint import load_checkpoint
+    from tierec.distributed.checkpoint import load_any
     from tierec.train.components import Components
     from tierec.train.state import restore_state
 
-    tensors, meta = load_checkpoint(checkpoint)
+    tensors, meta = load_any(checkpoint)  # single-process or sharded (any number of ranks)
     cfg_dict = meta["config"]
     for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
         apply_override(cfg_dict, o)
@@ -135,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="where config, metrics, checkpoints and summary go (default runs/<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train on N local processes (re-launches itself under torchrun; see docs/distributed.md)")
     p.set_defaults(func=cmd_train)
 
     for name, helptext in (("eval", "evaluate a checkpoint"), ("predict", "write a score for every row of a data file")):
@@ -170,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc N` re-launches with them
     try:
         if getattr(args, "passthrough", False):
             return args.func(args, rest)

@@ -66,7 +66,7 @@ def collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, 
     lo, hi = slice_bounds(GLOBAL_BATCH, w, ctx.rank)
     local = [slice_sparse(sp, lo, hi) for sp, _ in batches]
     for name, over in variants:
-        coll = ShardedEmbeddingCollection(make_tables(), FEATURES, ctx, DistConfig(**over), seed=3)
+        coll = ShardedEmbeddingCollection.build(make_tables(), FEATURES, ctx, DistConfig(**over), seed=3)
         for s in range(STEPS):
             if s + 1 < STEPS:
                 coll.prefetch(local[s + 1])
@@ -94,3 +94,52 @@ def merge_shards(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[int, t
                 assert i not in rows, f"id {i} of table {t} is in two shards"
                 rows[i] = v
     return merged
+
+
+# ------------------------------------------------------------------ trainer
+
+SMALL = [
+    "data.synthetic.train_rows=6144",
+    "data.synthetic.test_rows=2048",
+    "data.synthetic.cardinality_scale=0.001",
+    "train.batch_size=512",
+    "train.progress=false",
+    "embedding.dim=8",
+]
+
+
+def train_worker(ctx: DistContext, overrides: list[str], run_dir: str, resume: bool) -> None:
+    """One rank of `tierec train` (what torchrun would run), started by `spawn`."""
+    from tierec.config import load_config
+    from tierec.distributed.launch import train_in_job
+
+    train_in_job(ctx, load_config(None, overrides), Path(run_dir), resume=resume)
+
+
+def compare_runs(a_dir: Path, b_dir: Path, *, atol: float = 2e-5) -> None:
+    """Two runs' final checkpoints (either kind) hold the same rows, dense weights and metrics."""
+    import json
+
+    from tierec.distributed.checkpoint import load_any
+
+    a, _ = load_any(a_dir / "checkpoints")
+    b, _ = load_any(b_dir / "checkpoints")
+    for prefix in ("emb/", "wide/"):
+        ra = merge_shards([{k[len(prefix) :]: v for k, v in a.items() if k.startswith(prefix)}])
+        rb = merge_shards([{k[len(prefix) :]: v for k, v in b.items() if k.startswith(prefix)}])
+        assert ra.keys() == rb.keys()
+        for t in ra:
+            assert ra[t].keys() == rb[t].keys(), t
+            ids = sorted(ra[t])
+            torch.testing.assert_close(torch.stack([rb[t][i] for i in ids]), torch.stack([ra[t][i] for i in ids]),
+                                       rtol=1e-4, atol=atol, msg=f"{prefix}{t}")
+    dense = [k for k in a if k.startswith("model.")]
+    assert dense and sorted(dense) == sorted(k for k in b if k.startswith("model."))
+    for k in dense:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=atol, msg=k)
+    sa = json.loads((a_dir / "summary.json").read_text())
+    sb = json.loads((b_dir / "summary.json").read_text())
+    assert sa["steps"] == sb["steps"] and sa["test_rows"] == sb["test_rows"]
+    assert abs(sa["test_auc"] - sb["test_auc"]) < 1e-4
+    assert abs(sa["test_logloss"] - sb["test_logloss"]) < 1e-4
+    assert abs(sa["final_train_loss"] - sb["final_train_loss"]) < 1e-4

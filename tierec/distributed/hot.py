@@ -180,7 +180,7 @@ class HotReplica:
         mine[: ck.shape[0], 1] = torch.from_numpy(ct.astype(np.int64))
         if ctx.is_distributed:
             every = torch.empty(ctx.world_size * k, 2, dtype=torch.int64)
-            dist.all_gather_into_tensor(every, mine, group=ctx.sparse_group)
+            dist.all_gather_single(every, mine, group=ctx.sparse_group)
             self.traffic.add("refresh", (ctx.world_size - 1) * mine.numel() * 8)
         else:
             every = mine

@@ -16,13 +16,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-import torch.multiprocessing as mp
+import torch.distributed as dist
 
-from tierec.config import DistConfig
+from tierec.config import Config, DistConfig
+from tierec.distributed.context import DistContext
 
 _PRELOAD = ["torch", "torch.distributed", "tierec.distributed.sharded", "tierec.train.trainer"]
 
@@ -78,23 +81,86 @@ def spawn(
     cfg: DistConfig | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 120.0,
-) -> None:
-    """Run ``fn(ctx, *args)`` on ``nprocs`` fresh local processes (gloo); raises if any fails.
+    check: bool = True,
+) -> list[int]:
+    """Run ``fn(ctx, *args)`` on ``nprocs`` fresh local processes (gloo); returns their exit codes.
 
-    ``fn`` must be importable by name (a module-level function). Processes come
-    from a fork server that has imported torch and tierec once (later jobs
-    start in milliseconds); never from a fork of the caller, whose numba worker
-    threads would not survive it.
+    With ``check`` a non-zero exit raises. Unlike torch.multiprocessing's join, a
+    failed process does not get the others killed: they must notice by
+    themselves (what the fault tests check). ``fn`` must be importable by name.
+    Processes come from a fork server that has imported torch and tierec once
+    (later jobs start in milliseconds), never from a fork of the caller, whose
+    numba worker threads would not survive it.
     """
     cfg = cfg or DistConfig(timeout_s=60)
     port = free_port()
-    multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
-    pc = mp.start_processes(_entry, args=(nprocs, port, cfg, fn, args, env or {}), nprocs=nprocs, join=False,
-                            start_method="forkserver")
+    mpc = multiprocessing.get_context("forkserver")
+    mpc.set_forkserver_preload(_PRELOAD)
+    procs = [mpc.Process(target=_entry, args=(r, nprocs, port, cfg, fn, args, env or {})) for r in range(nprocs)]
+    for p in procs:
+        p.start()
     deadline = time.monotonic() + timeout_s
-    while not pc.join(timeout=0.2):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                if p.is_alive():
-                    p.kill()
-            raise TimeoutError(f"spawned job did not finish within {timeout_s:.0f}s")
+    for p in procs:
+        p.join(timeout=max(deadline - time.monotonic(), 0.01))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        procs[r].kill()
+        procs[r].join()
+    if hung:
+        raise TimeoutError(f"ranks {hung} of a spawned job did not finish within {timeout_s:.0f}s")
+    codes = [p.exitcode for p in procs]
+    if check and any(codes):
+        raise RuntimeError(f"spawned job failed: exit codes by rank {codes}")
+    return codes
+
+
+def _with_run_dir(argv: list[str], run_dir: Path) -> list[str]:
+    if any(a == "--run-dir" or a.startswith("--run-dir=") for a in argv):
+        return argv
+    return [*argv, "--run-dir", str(run_dir)]
+
+
+def run_train(
+    cfg: Config, run_dir: Path, *, resume: bool, nproc: int, argv: list[str], report: Callable[[dict], None]
+) -> int:
+    """``tierec train`` on several processes; returns the exit status.
+
+    Outside torchrun (``--nproc N``) it re-launches the same command under torchrun
+    (one machine) with the run directory fixed, and waits. Inside torchrun it joins
+    the job, trains, and rank 0 reports. A lost rank ends every other rank with
+    one line naming it and exit status 3.
+    """
+    from tierec.distributed.context import init_distributed, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        if nproc <= 1:
+            raise ValueError("run_train needs --nproc > 1 or a torchrun environment")
+        return subprocess.call(torchrun_command(nproc, _with_run_dir(argv, run_dir)))
+
+    ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
+    shared = [str(run_dir)]
+    dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
+    summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume)
+    ctx.close()
+    if ctx.is_main:
+        report(summary)
+    return 0
+
+
+LOST_RANK_STATUS = 3
+
+
+def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool) -> dict:
+    """Train as one rank of a running job; a lost peer ends this process with exit status 3."""
+    from tierec.distributed.health import RankLostError
+    from tierec.distributed.trainer import DistributedTrainer
+
+    trainer = DistributedTrainer(cfg, run_dir, ctx, resume=resume)
+    try:
+        summary = trainer.fit()
+    except RankLostError as e:
+        print(f"tierec: error: rank {ctx.rank}: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(LOST_RANK_STATUS)  # the process group is broken; its teardown could block
+    trainer.close()
+    return summary

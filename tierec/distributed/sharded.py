@@ -28,8 +28,8 @@ same rows as one process, within float tolerance (tests/distributed).
 >>> from tierec.distributed import DistContext, ShardedEmbeddingCollection
 >>> from tierec.embedding import tables_from_config
 >>> import torch
->>> coll = ShardedEmbeddingCollection(tables_from_config(EmbeddingConfig(dim=4), ["a"]), ["a"],
-...                                   DistContext.single(), DistConfig())
+>>> coll = ShardedEmbeddingCollection.build(tables_from_config(EmbeddingConfig(dim=4), ["a"]), ["a"],
+...                                         DistContext.single(), DistConfig())
 >>> coll(SparseFeatures.one_hot(("a",), torch.tensor([[1], [2]]))).shape
 torch.Size([2, 1, 4])
 """
@@ -227,26 +227,28 @@ class _Pending:
 class ShardedEmbeddingCollection(nn.Module):
     """A drop-in for ``EmbeddingCollection`` whose rows are spread over the job's ranks."""
 
-    def __init__(
-        self,
-        tables: list[TableConfig],
-        feature_names: list[str] | tuple[str, ...],
-        ctx: DistContext,
-        cfg: DistConfig,
-        *,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, local: EmbeddingCollection, ctx: DistContext, cfg: DistConfig) -> None:
+        """``local`` becomes this rank's shard: an ordinary (empty) collection that only ever
+        holds the rows this rank owns; every rank must build it from the same tables and seed."""
         super().__init__()
+        if local.num_rows():
+            raise ValueError("wrap an empty EmbeddingCollection: rows are placed by their owner")
         self.ctx = ctx
         self.cfg = cfg
-        # This rank's shard: an ordinary collection that only ever holds the rows this rank owns.
-        self.local = EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device)
-        self.feature_names = self.local.feature_names
-        self.tables = tables
+        self.local = local
+        self.feature_names = local.feature_names
+        self.tables = local.tables
         self.traffic = Traffic()
         self.shards = [_GroupShard(plan, ctx, cfg, self.traffic) for plan in self.local._plans]
         self._pending: deque[_Pending] = deque()
         self._anchor = torch.zeros((), requires_grad=True)
+
+    @classmethod
+    def build(
+        cls, tables: list[TableConfig], feature_names: list[str] | tuple[str, ...], ctx: DistContext, cfg: DistConfig,
+        *, seed: int = 0,
+    ) -> ShardedEmbeddingCollection:
+        return cls(EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device), ctx, cfg)
 
     @property
     def groups(self) -> list[TableGroup]:
@@ -372,8 +374,13 @@ class ShardedEmbeddingCollection(nn.Module):
         return self.local.state_dict()
 
     def load_state_dict(self, sd: dict[str, Tensor], strict: bool = True) -> None:  # type: ignore[override]
-        """Load the rows of ``sd`` (any rank's shard, or a whole single-process state) that this rank owns."""
-        mine: dict[str, Tensor] = {k: v for k, v in sd.items() if k.endswith(".step") and k.startswith("group")}
+        """Load the rows of ``sd`` (any rank's shard, or a whole single-process state) that this rank owns.
+
+        Call it once per shard of a checkpoint saved on any number of ranks.
+        """
+        # A table group's update count is in shard 0 only; the other shards keep the current one.
+        mine: dict[str, Tensor] = {f"group{gi}.step": torch.tensor(g.step) for gi, g in enumerate(self.groups)}
+        mine.update({k: v for k, v in sd.items() if k in mine})
         for shard in self.shards:
             for ti, t in enumerate(shard.owner.tables):
                 prefix = f"{t.name}."

@@ -36,6 +36,7 @@ class Components:
     model: CTRModel
     optimizer: torch.optim.Optimizer
     pruner: Pruner | None = None  # prunes the dims of `embeddings` every cfg.prune.every steps
+    ddp: nn.Module | None = None  # `model` wrapped for data parallelism (distributed runs), else None
 
     @staticmethod
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
@@ -68,7 +69,8 @@ class Components:
     def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
         emb = self.embeddings(batch.sparse)  # [B, F, D]
         wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None  # [B, F]
-        return self.model(batch.dense, emb, wide)
+        dense = self.ddp if self.ddp is not None else self.model
+        return dense(batch.dense, emb, wide)
 
     def train(self, mode: bool = True) -> None:
         for m in self.modules():

@@ -18,6 +18,11 @@ from tierec.train.checkpoint import capture_rng_state, flatten_state, restore_rn
 from tierec.train.components import Components
 
 
+def embedding_collections(parts: Components) -> list[tuple[str, Any]]:
+    """(checkpoint prefix, collection) of each embedding collection a run has."""
+    return [(name, c) for name, c in (("emb", parts.embeddings), ("wide", parts.wide)) if c is not None]
+
+
 def snapshot_state(parts: Components) -> tuple[dict[str, Tensor], Any]:
     """Embedding rows (with their optimizer state), dense model and optimizer, RNG states."""
     state: dict[str, Any] = {
@@ -26,9 +31,8 @@ def snapshot_state(parts: Components) -> tuple[dict[str, Tensor], Any]:
         "rng": capture_rng_state(),
     }
     tensors, skeleton = flatten_state(state)
-    for name, coll in (("emb", parts.embeddings), ("wide", parts.wide)):
-        if coll is not None:
-            tensors.update({f"{name}/{k}": v for k, v in coll.state_dict().items()})
+    for name, coll in embedding_collections(parts):
+        tensors.update({f"{name}/{k}": v for k, v in coll.state_dict().items()})
     return tensors, skeleton
 
 
@@ -38,7 +42,6 @@ def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) 
     parts.model.load_state_dict(state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])
     restore_rng_state(state["rng"])
-    for name, coll in (("emb", parts.embeddings), ("wide", parts.wide)):
-        if coll is not None:
-            prefix = f"{name}/"
-            coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+    for name, coll in embedding_collections(parts):
+        prefix = f"{name}/"
+        coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})

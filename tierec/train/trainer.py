@@ -32,8 +32,9 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
+from tierec.distributed.checkpoint import load_any
 from tierec.store.monitor import StoreMonitor
-from tierec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from tierec.train.checkpoint import latest_checkpoint, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc
 from tierec.train.state import restore_state, snapshot_state
@@ -50,12 +51,15 @@ class Position:
 
 
 class MetricsLog:
-    """Append-only JSON lines."""
+    """Append-only JSON lines (a no-op when not ``enabled``: ranks other than 0 of a job)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, enabled: bool = True) -> None:
         self.path = path
+        self.enabled = enabled
 
     def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -73,6 +77,8 @@ def peak_memory_bytes() -> int:
 
 
 class Trainer:
+    is_main = True  # prints progress and writes run files (rank 0 of a distributed job)
+
     def __init__(
         self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print
     ) -> None:
@@ -88,13 +94,14 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
-        log = MetricsLog(self.run_dir / "metrics.jsonl")
+        if self.is_main:
+            (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
+        log = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.is_main)
         ckpt_dir = self.run_dir / "checkpoints"
 
         # 1. data and model
         probe = open_source(cfg.data, "train", cfg.train.batch_size)
-        parts = Components.build(cfg, probe.feature_names, probe.n_dense)
+        parts = self._build(probe)
         pos = Position()
         if self.resume:
             pos = self._load(parts, ckpt_dir)
@@ -102,13 +109,13 @@ class Trainer:
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
 
         # 2. loop over steps
-        bar = tqdm(total=total, initial=pos.step, disable=not cfg.train.progress, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total, initial=pos.step, disable=not (cfg.train.progress and self.is_main), unit="step", dynamic_ncols=True)
         samples, busy, last_loss = 0, 0.0, float("nan")
         done = pos.step >= total
         while not done:
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch in store.wrap(loader):
+                for batch in store.wrap(self._batches(loader)):
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
@@ -152,8 +159,7 @@ class Trainer:
             "test_rows": result["rows"],
             "train_samples_per_s": samples / busy if busy else float("nan"),
             "final_train_loss": last_loss,
-            "embedding_rows": parts.embedding_rows(),
-            "embedding_bytes": parts.embedding_bytes(),
+            **self._footprint(parts),
             **store.summary(),
             "peak_memory_bytes": peak_memory_bytes(),
             "run_dir": str(self.run_dir),
@@ -163,10 +169,21 @@ class Trainer:
         if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
             summary["planted_auc"] = planted_auc(cfg, result["rows"])
         log.write({"kind": "final", **summary})
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
     # ------------------------------------------------------------- pieces
+    # (tierec.distributed.trainer.DistributedTrainer overrides these for a multi-process job)
+
+    def _build(self, probe) -> Components:
+        return Components.build(self.cfg, probe.feature_names, probe.n_dense)
+
+    def _batches(self, loader: BackgroundLoader):
+        return iter(loader)
+
+    def _footprint(self, parts: Components) -> dict[str, int]:
+        return {"embedding_rows": parts.embedding_rows(), "embedding_bytes": parts.embedding_bytes()}
 
     def _step(self, parts: Components, batch: Batch) -> float:
         parts.train(True)
@@ -215,7 +232,7 @@ class Trainer:
         if latest_checkpoint(ckpt_dir) is None:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        tensors, meta = load_checkpoint(ckpt_dir)
+        tensors, meta = load_any(ckpt_dir)  # single-process or sharded
         restore_state(parts, tensors, meta["state"])
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")

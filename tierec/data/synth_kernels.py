@@ -6,10 +6,8 @@ pushed through a keyed 32-bit permutation (:func:`perm32`, inverted by
 :func:`unperm32` when scoring); every effect and latent value is hashed from
 (key, id) on the fly.
 
-Parallel (numba ``prange``) kernels are used only when numba has a thread-safe
-threading layer (OpenMP or TBB): with the ``workqueue`` layer, two threads
-launching parallel kernels at once (a background loader and an evaluation loop)
-would abort the process, so the serial twins run instead.
+The kernels release the GIL and are split over a few plain threads per call
+(:func:`in_threads`).
 
 >>> keys = np.array([12345, 678], np.uint64)
 >>> ranks = np.arange(5, dtype=np.int64)
@@ -19,17 +17,20 @@ True
 
 from __future__ import annotations
 
-import importlib
 import math
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
 
-import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from tierec.data.hashing import HEX_FEATURE_SHIFT, mix64
 
 LATENT_DIM = 4  # rank of the pairwise interaction term
-CHUNK = 512  # rows per parallel work item
+THREADS = min(4, os.cpu_count() or 1)  # threads per kernel call
+MIN_ROWS_PER_THREAD = 1024  # smaller calls are not worth a thread
 
 _M32 = np.uint64(0xFFFFFFFF)
 _C1, _C2 = np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
@@ -95,10 +96,11 @@ def _unpermute_many(v: np.ndarray, k1: np.uint64, k2: np.uint64) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _score_rows(lo, hi, dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
-                pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u):  # fmt: skip
-    """Planted logits of rows ``lo..hi-1``; ``u`` [n_latent, LATENT_DIM] is scratch."""
+                pair_weights, dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
+    """Planted logits of rows ``lo..hi-1`` into ``out``."""
     n, n_dense = dense.shape
     n_feat = weights.shape[0]
+    u = np.zeros((max(1, latent_slot.max() + 1), LATENT_DIM))  # bag-mean latent vectors of the row
     for i in range(lo, hi):
         z = 0.0
         for j in range(n_dense):
@@ -133,25 +135,6 @@ def _score_rows(lo, hi, dense, values, offsets, perm_keys, effect_keys, latent_k
         out[i] = bias + z
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _score_parallel(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
-                    pair_weights, dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
-    n = dense.shape[0]
-    n_lat = max(1, latent_slot.max() + 1)
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        u = np.zeros((n_lat, LATENT_DIM))
-        _score_rows(c * CHUNK, min(n, (c + 1) * CHUNK), dense, values, offsets, perm_keys, effect_keys, latent_keys,
-                    weights, latent_slot, pairs, pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u)  # fmt: skip
-
-
-@njit(cache=True, nogil=True)
-def _score_serial(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
-                  pair_weights, dense_weights, dense_mean, bias, decay_rank, out):  # fmt: skip
-    u = np.zeros((max(1, latent_slot.max() + 1), LATENT_DIM))
-    _score_rows(0, dense.shape[0], dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot,
-                pairs, pair_weights, dense_weights, dense_mean, bias, decay_rank, out, u)  # fmt: skip
-
-
 @njit(cache=True, nogil=True)
 def _draw_rows(lo, hi, start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
     """Rows ``lo..hi-1`` of a block starting at stream row ``start``."""
@@ -180,35 +163,36 @@ def _draw_rows(lo, hi, start, split_key, cards, zc, inv, mode, perm_keys, k, den
         u_label[i] = (float(mix64(ctr) >> _S11) + 0.5) * 1.1102230246251565e-16
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _draw_parallel(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
-    n = dense.shape[0]
-    for c in prange((n + CHUNK - 1) // CHUNK):
-        _draw_rows(c * CHUNK, min(n, (c + 1) * CHUNK), start, split_key, cards, zc, inv, mode, perm_keys, k,
-                   dense_scale, dense, values, u_label)  # fmt: skip
+def draw_kernel(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label) -> None:  # fmt: skip
+    """Fill ``dense`` [n, D], ``values`` [F * n * k] and ``u_label`` [n] for stream rows ``start..start+n-1``."""
+    args = (start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label)
+    in_threads(_draw_rows, dense.shape[0], args)
 
 
-@njit(cache=True, nogil=True)
-def _draw_serial(start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values, u_label):  # fmt: skip
-    _draw_rows(0, dense.shape[0], start, split_key, cards, zc, inv, mode, perm_keys, k, dense_scale, dense, values,
-               u_label)  # fmt: skip
+def score_kernel(dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs,
+                 pair_weights, dense_weights, dense_mean, bias, decay_rank, out) -> None:  # fmt: skip
+    """Planted logits [n] of rows given ``dense`` [n, D] and feature-major bags (``values``, ``offsets``)."""
+    args = (dense, values, offsets, perm_keys, effect_keys, latent_keys, weights, latent_slot, pairs, pair_weights,
+            dense_weights, dense_mean, bias, decay_rank, out)  # fmt: skip
+    in_threads(_score_rows, dense.shape[0], args)
 
 
-def _threadsafe_parallel() -> bool:
-    """Whether numba parallel kernels may be launched from several threads at once."""
-    layer = numba.config.THREADING_LAYER
-    if layer == "workqueue":
-        return False
-    candidates = {"omp": ["omppool"], "tbb": ["tbbpool"]}.get(layer, ["tbbpool", "omppool"])
-    for name in candidates:
-        try:
-            importlib.import_module(f"numba.np.ufunc.{name}")
-            return True
-        except ImportError:
-            continue
-    return False
+def in_threads(kernel: Callable[..., None], n: int, args: tuple[Any, ...]) -> None:
+    """Run ``kernel(lo, hi, *args)`` over ``0..n`` split across up to ``THREADS`` threads.
 
-
-PARALLEL = _threadsafe_parallel()  # fixed for the process
-draw_kernel = _draw_parallel if PARALLEL else _draw_serial
-score_kernel = _score_parallel if PARALLEL else _score_serial
+    The kernels release the GIL, so plain threads run them in parallel; the caller
+    takes the last share itself. (Not numba ``prange``: its OpenMP pool busy-waits,
+    which collapses on a shared, oversubscribed machine, and its workqueue pool
+    aborts when two threads launch kernels at once.)
+    """
+    parts = max(1, min(THREADS, n // MIN_ROWS_PER_THREAD))
+    bounds = [n * p // parts for p in range(parts + 1)]
+    threads = [
+        threading.Thread(target=kernel, args=(bounds[p], bounds[p + 1], *args), name="tierec-synth", daemon=True)
+        for p in range(parts - 1)
+    ]
+    for t in threads:
+        t.start()
+    kernel(bounds[-2], bounds[-1], *args)
+    for t in threads:
+        t.join()

@@ -167,3 +167,5 @@ def test_schema_config_validation() -> None:
         SchemaConfig(categorical=["a"], multi_valued=["b"])
     with pytest.raises(DataError, match="split must be"):
         open_source(DataConfig(), "valid", 4)
+    with pytest.raises(DataError, match="batch_size"):
+        open_source(DataConfig(), "train", 0)

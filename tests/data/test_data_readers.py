@@ -169,7 +169,7 @@ def test_test_fraction_and_test_source(tmp_path: Path) -> None:
     lines = [criteo_line(i % 2) for i in range(10)]
     path = write_lines(tmp_path / "t.txt", lines)
     cfg = DataConfig(source=str(path), test_fraction=0.3)
-    assert [open_source(cfg, s, 4).num_rows for s in ("train", "test")] == [7, 3]
+    assert [open_source(cfg, s, 4).num_rows for s in ("train", "test", "all")] == [7, 3, 10]
     other = write_lines(tmp_path / "other.txt", lines[:4])
     cfg = DataConfig(source=str(path), test_source=str(other))
     assert [open_source(cfg, s, 4).num_rows for s in ("train", "test")] == [10, 4]

@@ -43,6 +43,10 @@ def test_criteo_file_round_trip_with_malformed_rows(tmp_path: Path) -> None:
             assert_same_batches(a, b)
     src = open_source(DataConfig(source=str(tmp_path / "shards")), "train", 64)
     assert src.num_rows == 379 and src.problems is not None and src.problems.malformed == 1
+    every = open_source(DataConfig(source=str(tmp_path / "shards")), "all", 100, start_batch=2)
+    assert every.num_rows == 499 and every.problems.malformed == 1
+    with pytest.warns(MalformedRowsWarning):
+        assert_same_batches(list(every), list(open_source(cfg, "all", 100, start_batch=2)))
 
 
 @needs_criteo

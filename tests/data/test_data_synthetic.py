@@ -41,6 +41,17 @@ def test_skip_ahead_and_batch_size_independence() -> None:
     assert torch.equal(ids, torch.from_numpy(joined.values).view(26, 1000))
 
 
+def test_all_split_is_train_then_test() -> None:
+    cfg = cfg_of(train_rows=1000, test_rows=300)
+    every = open_source(cfg, "all", 256, start_batch=1)
+    assert every.num_rows == 1300 and every.num_batches == 6
+    rows = list(every)
+    assert sum(b.size for b in rows) == 1300 - 256
+    train, test = list(open_source(cfg, "train", 1000)), list(open_source(cfg, "test", 300))
+    labels = torch.cat([b.labels for b in rows])
+    assert torch.equal(labels, torch.cat([train[0].labels[256:], test[0].labels]))
+
+
 def test_shape_names_and_id_folding() -> None:
     src = open_source(cfg_of(train_rows=4096), "train", 4096)
     assert src.feature_names == tuple(f"C{i}" for i in range(1, 27)) and src.n_dense == 13

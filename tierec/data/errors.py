@@ -88,6 +88,15 @@ class ProblemReport:
         if self.malformed:
             warnings.warn(self.summary(), MalformedRowsWarning, stacklevel=3)
 
+    @staticmethod
+    def merged(path: str, reports: list[ProblemReport]) -> ProblemReport:
+        """One report counting the rows of several (their examples in order, up to the limit)."""
+        out = ProblemReport(path, reports[0].unit if reports else "line")
+        for r in reports:
+            out.malformed += r.malformed
+            out.examples.extend(r.examples[: MAX_EXAMPLES - len(out.examples)])
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,

@@ -4,7 +4,8 @@
 ``.csv``, ``.parquet``) or a directory of shards written by ``tierec preprocess``;
 ``data.format = "auto"`` infers which from that. A file's test split is its last
 ``data.test_rows`` rows (else its last ``data.test_fraction``), unless
-``data.test_source`` names a separate test file. Batches are exactly
+``data.test_source`` names a separate test file; split ``"all"`` is every row
+(synthetic data and shards: the train rows, then the test rows). Batches are exactly
 ``batch_size`` rows except perhaps the last; ``start_batch`` resumes a pass
 exactly where batch ``start_batch`` begins (cheap for synthetic data and shards;
 raw files are parsed up to that point because malformed rows shift batches).
@@ -34,7 +35,7 @@ from tierec.data.shards import ShardSet
 from tierec.data.synthetic import SyntheticData
 from tierec.data.text import TextFile
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "all")  # all: every row (a file unsplit; synthetic and shards: train then test)
 _SUFFIX_FORMATS = {".txt": "criteo", ".tsv": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
 
@@ -131,7 +132,7 @@ class SourceMeta:
 
 
 def open_source(cfg: DataConfig, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False) -> BatchSource:
-    """The ``split`` ("train" or "test") of ``cfg.source`` as batches of ``batch_size``."""
+    """The ``split`` ("train", "test" or "all") of ``cfg.source`` as batches of ``batch_size``."""
     if split not in SPLITS:
         raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
     if batch_size <= 0:
@@ -169,17 +170,20 @@ def _split_of(cfg: DataConfig, split: str) -> tuple[_Rows, SourceMeta]:
     if fmt == "synthetic":
         data = SyntheticData(cfg.synthetic)
         multi = data.feature_names if cfg.synthetic.ids_per_feature > 1 else ()
-        meta = SourceMeta(data.feature_names, data.dense_names, multi, data.num_rows(split), ProblemReport("synthetic"))
-        return _SyntheticRows(data, split), meta
+        parts = ("train", "test") if split == "all" else (split,)
+        rows = _ChainRows([(_SyntheticRows(data, p), data.num_rows(p)) for p in parts])
+        return rows, SourceMeta(data.feature_names, data.dense_names, multi, rows.num_rows, ProblemReport("synthetic"))
     if fmt == "shards":
         shards = ShardSet.open(cfg.source)
-        rows = _ShardRows(shards, split)
-        return rows, SourceMeta(
-            shards.feature_names, shards.dense_names, shards.multi_hot, shards.num_rows(split), shards.problems(split)
-        )
+        parts = tuple(p for p in ("train", "test") if p in shards.manifest.splits) if split == "all" else (split,)
+        rows = _ChainRows([(_ShardRows(shards, p), shards.num_rows(p)) for p in parts])
+        problems = ProblemReport.merged(str(cfg.source), [shards.problems(p) for p in parts])
+        return rows, SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, rows.num_rows, problems)
     file = _open_file(cfg.source, fmt, cfg)
     n = file.data_lines
-    if cfg.test_source:
+    if split == "all":
+        first, stop = 0, n
+    elif cfg.test_source:
         first, stop = (0, n) if split == "train" else (n, n)
     else:
         n_test = cfg.test_rows if cfg.test_rows > 0 else int(round(cfg.test_fraction * n))
@@ -243,6 +247,25 @@ class _FileRows:
         assert report is not None
         blocks = self.file.blocks(self.first, self.stop, report, self.strict)
         return skip_rows(blocks, start_row) if start_row else blocks
+
+
+class _ChainRows:
+    """Several row sources one after the other (the "all" split)."""
+
+    def __init__(self, parts: list[tuple[_Rows, int]]) -> None:
+        self.parts = parts
+        self.num_rows = sum(n for _, n in parts)
+
+    def new_report(self) -> ProblemReport | None:
+        return None
+
+    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        for rows, n in self.parts:
+            if start_row >= n:
+                start_row -= n
+                continue
+            yield from rows.blocks(start_row, block_rows, report)
+            start_row = 0
 
 
 class _ShardRows:

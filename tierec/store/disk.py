@@ -260,8 +260,10 @@ class DiskTier:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         return np.concatenate(moved_lids), np.concatenate(moved_slots)
 
-    def drop_page_cache(self) -> None:
-        """Ask the kernel to drop this file's clean pages from the page cache."""
+    def drop_page_cache(self, sync: bool = False) -> None:
+        """Ask the kernel to drop this file's clean pages; ``sync`` first writes dirty ones (all dropped)."""
+        if sync:
+            os.fsync(self.fd)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:

@@ -1,0 +1,335 @@
+"""Tiered storage benchmarks: fast-tier hit rates, disk-tier training throughput, the prefetch pipeline.
+
+    python -m benchmarks.tiers --which hitrate   # hit rate vs fast-tier size: tierec LFU / LRU, simulated LRU, Belady
+    python -m benchmarks.tiers --which disk      # a table 4x its budget on disk vs all in memory; pipeline on / off
+    python -m benchmarks.tiers --which memory    # resident memory of a table 4x its budget (fresh process)
+    python -m benchmarks.tiers --which all --out runs/bench/tiers.json
+
+Every figure of docs/performance.md "Tiered storage" comes from these commands.
+
+>>> from benchmarks.tiers import main
+>>> main(["--which", "hitrate", "--batches", "4", "--batch", "64", "--scale", "0.0005", "--fractions", "0.5", "--quiet"])
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.tiers_sim import belady, lru, next_uses
+
+WHICH = ("hitrate", "disk", "memory", "all")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks.tiers", description=__doc__.split("\n\n")[0])
+    p.add_argument("--which", choices=WHICH, default="all")
+    # hit rate: the Criteo-shaped synthetic data
+    p.add_argument("--batch", type=int, default=1024, help="hitrate: samples per batch")
+    p.add_argument("--batches", type=int, default=200, help="hitrate: batches in the trace")
+    p.add_argument("--scale", type=float, default=0.01, help="hitrate: synthetic cardinality_scale")
+    p.add_argument("--skew", type=float, default=1.3, help="hitrate: synthetic zipf exponent")
+    p.add_argument("--fractions", default="0.02,0.05,0.1,0.2,0.4", help="hitrate: fast-tier sizes, fractions of distinct ids")
+    # disk: fixed-size tables, Zipf ids (benchmarks.workload)
+    p.add_argument("--tables", type=int, default=26)
+    p.add_argument("--rows", type=int, default=100_000, help="disk: rows per table, all present from the start")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--train-batch", type=int, default=4096, help="disk: samples per training batch")
+    p.add_argument("--zipf", type=float, default=1.1, help="disk: Zipf exponent of the ids")
+    p.add_argument("--budget-x", type=float, default=4.0, help="disk: table bytes / memory budget")
+    p.add_argument("--cache-frac", type=float, default=0.5, help="disk: share of the budget for the fast tier")
+    p.add_argument("--steps", type=int, default=30, help="disk: timed steps")
+    p.add_argument("--warmup", type=int, default=20, help="disk: untimed steps first (the cache warms up)")
+    p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
+    p.add_argument("--modes", default="memory,disk,disk+prefetch", help="disk: runs to compare")
+    p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
+    p.add_argument("--io-threads", type=int, default=8)
+    p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+# ----------------------------------------------------------------- hit rate
+
+
+def hit_trace(a: argparse.Namespace) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray, int]:
+    """Per batch the unique (key, table) pairs of the synthetic data; the same as dense ids (ptr, ids)."""
+    from tierec.config import DataConfig, SyntheticConfig
+    from tierec.data import open_source
+
+    cfg = DataConfig(synthetic=SyntheticConfig(train_rows=a.batch * a.batches, test_rows=16, cardinality_scale=a.scale, zipf=a.skew, seed=a.seed))
+    batches = []
+    for b in open_source(cfg, "train", a.batch):
+        sp = b.sparse
+        keys = sp.values.numpy()
+        per = np.diff(sp.offsets.numpy()[:: b.size])  # ids per feature
+        tabs = np.repeat(np.arange(len(sp.keys), dtype=np.int32), per)
+        packed = np.unique(keys.astype(np.int64) * 32 + tabs)  # features are folded in the keys already
+        batches.append((packed // 32, (packed % 32).astype(np.int32)))
+    allk = np.concatenate([k * 32 + t for k, t in batches])
+    uniq, ids = np.unique(allk, return_inverse=True)
+    ptr = np.concatenate([[0], np.cumsum([k.size for k, _ in batches])]).astype(np.int64)
+    return batches, ptr, ids.astype(np.int64), int(uniq.size)
+
+
+def tierec_hits(batches, capacity: int, policy: str) -> int:
+    from tierec.embedding import TableConfig
+    from tierec.store import TieredGroup, TierSpec
+
+    tables = [TableConfig(name=f"C{i + 1}", dim=4, features=[f"C{i + 1}"]) for i in range(26)]
+    g = TieredGroup(tables, TierSpec(cache_bytes=capacity * 20, host_bytes=None, cache_policy=policy))
+    for keys, tabs in batches:
+        g.lookup(keys, tabs, insert=True)
+    return int(g.counters[:, 0].sum())
+
+
+def run_hitrate(a: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    batches, ptr, ids, n_ids = hit_trace(a)
+    accesses = int(ids.size)
+    biggest = int(np.diff(ptr).max())
+    nxt = next_uses(ptr, ids, n_ids)
+    rows = []
+    for f in (float(x) for x in a.fractions.split(",")):
+        cap = max(int(f * n_ids), biggest)
+        row = {"fraction": f, "capacity": cap, "capacity_share": cap / n_ids}
+        row["tierec_lfu"] = tierec_hits(batches, cap, "lfu") / accesses
+        row["tierec_lru"] = tierec_hits(batches, cap, "lru") / accesses
+        row["lru"] = lru(ptr, ids, cap, n_ids) / accesses
+        row["belady"] = belady(ptr, ids, nxt, cap, n_ids) / accesses
+        rows.append(row)
+    # With an unbounded cache every id misses once: the ceiling of any policy.
+    ceiling = 1.0 - n_ids / accesses
+    return {
+        "trace": {"batches": len(batches), "batch": a.batch, "scale": a.scale, "zipf": a.skew, "distinct_ids": n_ids, "accesses": accesses, "max_batch_unique": biggest, "ceiling": ceiling},
+        "rows": rows,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+# --------------------------------------------------------------------- disk
+
+
+def _batches(a: argparse.Namespace, n: int):
+    from benchmarks.workload import Workload, make_batches
+    from tierec.batch import Batch, SparseFeatures
+
+    w = Workload(tables=a.tables, rows=a.rows, dim=a.dim, batch=a.train_batch, zipf=a.zipf, steps=n, seed=a.seed)
+    g = torch.Generator().manual_seed(a.seed)
+    out = []
+    for eb in make_batches(w, n):
+        sp = SparseFeatures(tuple(w.feature_names()), eb.keys, eb.offsets, a.train_batch)
+        out.append(Batch(torch.randn(a.train_batch, 13, generator=g), sp, (torch.rand(a.train_batch, generator=g) < 0.25).float()))
+    return w, out
+
+
+def _full_tables(w, dim: int, seed: int) -> dict[str, torch.Tensor]:
+    """Every row of every table present from the start (row-wise Adagrad state zero)."""
+    rng = np.random.default_rng(seed)
+    sd: dict[str, torch.Tensor] = {"group0.step": torch.tensor(0)}
+    for f, name in enumerate(w.feature_names()):
+        idx = np.arange(w.rows, dtype=np.int64)
+        sd[f"{name}.ids"] = torch.from_numpy((np.int64(f) << 32) | idx)
+        sd[f"{name}.weights"] = torch.from_numpy((rng.standard_normal((w.rows, dim), dtype=np.float32) * 0.05))
+        sd[f"{name}.opt.sum"] = torch.zeros(w.rows)
+    return sd
+
+
+class _Runner:
+    """One training setup (all in memory, or tiered with the disk tier) stepping through the batches."""
+
+    def __init__(self, a: argparse.Namespace, mode: str, w, disk_dir: str) -> None:
+        from tierec.config import load_config
+        from tierec.store.monitor import StoreMonitor
+        from tierec.store.pipeline import StorePipeline
+        from tierec.train.components import Components
+
+        self.mode = mode
+        record = 4 * (a.dim + 1)
+        self.table_bytes = a.tables * a.rows * record
+        self.budget = int(self.table_bytes / a.budget_x)
+        over = [f"embedding.dim={a.dim}", "model.name=dlrm", f"train.seed={a.seed}"]
+        if mode != "memory":
+            over += [
+                "store.enabled=true",
+                f"store.memory_budget={self.budget}",
+                f"store.cache_size={int(self.budget * a.cache_frac)}",
+                f"store.disk_path={disk_dir}",
+                f"store.io_threads={a.io_threads}",
+            ]
+        cfg = load_config(None, over)
+        self.parts = Components.build(cfg, w.feature_names(), 13)
+        self.parts.embeddings.load_state_dict(_full_tables(w, a.dim, a.seed))
+        self.monitor = StoreMonitor.for_components(self.parts, cfg.store)
+        for g in self.monitor.groups:
+            if g.disk is not None:
+                g.disk.drop_page_cache(sync=True)  # the table file starts outside the page cache
+        self.pipe = StorePipeline([self.parts.embeddings], depth=1) if mode.endswith("+prefetch") else None
+        self.times: list[float] = []
+        self.marks: list[tuple] = []
+
+    def _mark(self) -> tuple:
+        tot = self.monitor.totals() if self.monitor.active else {}
+        lock = sum(g.timers["lock_wait_s"] for g in self.monitor.groups)
+        return tot, (self.pipe.wait_s if self.pipe else 0.0) + lock, time.perf_counter()
+
+    def run(self, batches, timed: bool) -> None:
+        """Train on ``batches``; when ``timed``, record the wall time of every step (pipeline waits included)."""
+        start = self._mark()
+        stream = self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches)
+        t_prev = time.perf_counter()
+        for batch in stream:
+            parts = self.parts
+            parts.train(True)
+            loss = F.binary_cross_entropy_with_logits(parts.forward(batch), batch.labels)
+            parts.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            parts.optimizer.step()
+            now = time.perf_counter()
+            if timed:
+                self.times.append(now - t_prev)
+            t_prev = now
+        if timed:
+            self.marks.append((start, self._mark(), len(batches)))
+
+    def result(self, batch_size: int) -> dict:
+        res = {
+            "mode": self.mode,
+            "median_step_s": float(np.median(self.times)),
+            "samples_per_s": batch_size * len(self.times) / float(np.sum(self.times)),
+            "ram_bytes": self.parts.embedding_bytes(),
+            "table_bytes": self.table_bytes,
+            "budget_bytes": self.budget if self.mode != "memory" else None,
+        }
+        if self.monitor.active:
+            n = sum(m[2] for m in self.marks)
+
+            def delta(key: str) -> float:
+                return sum(m[1][0][key] - m[0][0][key] for m in self.marks)
+
+            looked = delta("hits") + delta("misses") + delta("new")
+            res.update(
+                {
+                    "hit_rate_on_demand": (delta("hits") - delta("prefetched")) / max(looked, 1),
+                    "disk_read_rows_per_step": delta("disk_read_rows") / n,
+                    "disk_read_mib_per_step": delta("disk_read_bytes") / n / 2**20,
+                    "disk_write_mib_per_step": delta("disk_write_bytes") / n / 2**20,
+                    "lookup_s_per_step": delta("lookup_s") / n,
+                    "wait_s_per_step": sum(m[1][1] - m[0][1] for m in self.marks) / n,
+                    "rows_cache": self.monitor.totals()["rows_cache"],
+                    "rows_host": self.monitor.totals()["rows_host"],
+                    "rows_disk": self.monitor.totals()["rows_disk"],
+                }
+            )
+        return res
+
+    def close(self) -> None:
+        for g in self.monitor.groups:
+            g.close()
+
+
+def run_disk(a: argparse.Namespace) -> dict:
+    """Each setup warms up, then they take turns on chunks of the same batches (fair under a changing load)."""
+    disk_dir = a.disk_dir or tempfile.gettempdir()
+    chunk = max(a.steps // a.rounds, 1)
+    w, batches = _batches(a, a.warmup + chunk * a.rounds)
+    runners = [_Runner(a, m.strip(), w, disk_dir) for m in a.modes.split(",") if m.strip()]
+    for r in runners:
+        r.run(batches[: a.warmup], timed=False)
+    for k in range(a.rounds):
+        part = batches[a.warmup + k * chunk : a.warmup + (k + 1) * chunk]
+        for r in runners:
+            r.run(part, timed=True)
+    runs = [r.result(a.train_batch) for r in runners]
+    for r in runners:
+        r.close()
+    del runners
+    gc.collect()
+    by = {r["mode"]: r for r in runs}
+    ratios = {}
+    if "memory" in by:
+        for m, r in by.items():
+            if m != "memory":
+                ratios[f"{m}/memory throughput"] = r["samples_per_s"] / by["memory"]["samples_per_s"]
+    if "disk" in by and "disk+prefetch" in by:
+        ratios["step time prefetch/no-prefetch"] = by["disk+prefetch"]["median_step_s"] / by["disk"]["median_step_s"]
+    keys = ("tables", "rows", "dim", "train_batch", "zipf", "budget_x", "cache_frac", "steps", "warmup", "rounds", "io_threads")
+    return {"workload": {k: getattr(a, k) for k in keys}, "runs": runs, "ratios": ratios}
+
+
+def run_memory(a: argparse.Namespace) -> dict:
+    env = {**os.environ}
+    args = ["--budget", "64MiB", "--table-x", "4", "--dim", "32", "--batch-rows", "20000", "--json"]
+    if a.disk_dir:
+        args += ["--disk", a.disk_dir]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tiers_memory", *args], capture_output=True, text=True, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ report
+
+
+def _print(res: dict) -> None:
+    if "hitrate" in res:
+        h = res["hitrate"]
+        t = h["trace"]
+        print(f"\n### Fast-tier hit rate (unique rows per batch), {t['batches']} batches of {t['batch']}, {t['distinct_ids']:,} distinct ids, ceiling {t['ceiling']:.3f}\n")
+        print("| fast tier (rows) | share of ids | tierec LFU | tierec LRU | LRU (sim) | Belady (offline optimum) |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in h["rows"]:
+            print(f"| {r['capacity']:,} | {r['capacity_share']:.1%} | {r['tierec_lfu']:.3f} | {r['tierec_lru']:.3f} | {r['lru']:.3f} | {r['belady']:.3f} |")
+    if "disk" in res:
+        d = res["disk"]
+        print(f"\n### Disk tier: {d['workload']}\n")
+        print("| run | median step (s) | samples/s | on-demand hit rate | disk rows read/step | in lookup/step (s) | compute wait/step (s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in d["runs"]:
+            print(
+                f"| {r['mode']} | {r['median_step_s']:.3f} | {r['samples_per_s']:,.0f} | {r.get('hit_rate_on_demand', float('nan')):.3f} "
+                f"| {r.get('disk_read_rows_per_step', 0):,.0f} | {r.get('lookup_s_per_step', 0):.3f} | {r.get('wait_s_per_step', 0):.3f} |"
+            )
+        for k, v in d["ratios"].items():
+            print(f"- {k}: {v:.2f}")
+    if "memory" in res:
+        m = res["memory"]
+        print(f"\n### Resident memory: {json.dumps(m)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.threads:
+        import numba
+
+        torch.set_num_threads(a.threads)
+        numba.set_num_threads(a.threads)
+    res: dict = {"argv": argv if argv is not None else sys.argv[1:]}
+    if a.which in ("hitrate", "all"):
+        res["hitrate"] = run_hitrate(a)
+    if a.which in ("disk", "all"):
+        res["disk"] = run_disk(a)
+    if a.which in ("memory", "all"):
+        res["memory"] = run_memory(a)
+    if not a.quiet:
+        _print(res)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -366,15 +366,20 @@ class DistConfig:
     hot_rows: int = 0
     hot_refresh_every: int = 50  # steps between hot-set refreshes from job-wide counts
     hot_candidates: int = 0  # per-rank top-k candidates for the refresh; 0 = 2 * hot_rows
-    hot_min_count: int = 2  # a row must be requested at least this often in a window to become hot
+    # A row is replicated only if requested in at least this share of the window's (rank, step)
+    # pairs: replicas cost an all-reduce of every hot row every step, so a row that most ranks
+    # do not request every step is cheaper through the all-to-all (docs/distributed.md).
+    hot_min_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.backend not in {"auto", "gloo", "nccl"}:
             raise ConfigError(f"dist.backend {self.backend!r} is not one of auto, gloo, nccl")
         if self.timeout_s <= 0 or self.heartbeat_s <= 0:
             raise ConfigError("dist.timeout_s and dist.heartbeat_s must be positive")
-        if self.hot_rows < 0 or self.hot_candidates < 0 or self.hot_min_count < 1:
-            raise ConfigError("dist.hot_rows and dist.hot_candidates must be >= 0, dist.hot_min_count >= 1")
+        if self.hot_rows < 0 or self.hot_candidates < 0:
+            raise ConfigError("dist.hot_rows and dist.hot_candidates must be >= 0")
+        if not 0 < self.hot_min_share <= 1:
+            raise ConfigError("dist.hot_min_share must be in (0, 1]")
         if self.hot_refresh_every <= 0:
             raise ConfigError("dist.hot_refresh_every must be positive")
 

@@ -41,7 +41,7 @@ def test_save_at_4_resume_at_2_and_at_1(tmp_path: Path, reference: Path) -> None
 
 
 def test_cli_nproc_with_hot_rows_matches_one_process(tmp_path: Path, capsys) -> None:
-    over = SMALL + ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_count=1"]
+    over = SMALL + ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01"]
     Trainer(load_config(None, over), tmp_path / "ref").fit()
     args = ["train", "--nproc", "2", "--run-dir", str(tmp_path / "two"), "--no-progress"]
     for o in over:

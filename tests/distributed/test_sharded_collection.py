@@ -15,7 +15,7 @@ from tierec.distributed.launch import spawn
 
 VARIANTS = [
     ("plain", {"overlap": False}),
-    ("hot", {"hot_rows": 24, "hot_refresh_every": 2, "hot_min_count": 1, "overlap": True}),
+    ("hot", {"hot_rows": 24, "hot_refresh_every": 2, "hot_min_share": 0.01, "overlap": True}),
     ("naive", {"dedupe": False, "overlap": True}),
 ]
 

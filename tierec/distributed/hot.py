@@ -9,7 +9,12 @@ The hot set is refreshed every ``dist.hot_refresh_every`` steps from job-wide
 counts: each rank proposes its top-k of the window (k = ``dist.hot_candidates``),
 the proposals are unioned (all_gather), their counts summed (all_reduce), and
 the ``dist.hot_rows`` most requested become the new hot set, ties broken by
-(table, id) so every rank picks the same. The handover is exact:
+(table, id) so every rank picks the same. Only rows requested in at least
+``dist.hot_min_share`` of the window's (rank, step) pairs qualify: a ring
+all-reduce of a row's gradient sends about what the all-to-all path sends for
+a row that every rank requests every step (id, row and gradient), and more for
+a row fewer ranks request, so replication pays only for the hottest rows. The
+handover is exact:
 
 - a row that becomes hot takes its owner's current weights and optimizer
   state (the owners' contributions are summed into one buffer, zeros elsewhere);
@@ -29,6 +34,7 @@ the ``dist.hot_rows`` most requested become the new hot set, ties broken by
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -37,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tierec.config import DistConfig
+from tierec.config import DistConfig, OptimizerKind
 from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Traffic
 from tierec.embedding.group import TableGroup
@@ -50,8 +56,11 @@ class WindowCounter:
     def __init__(self) -> None:
         self.index = HashIndex()
         self.counts = np.zeros(self.index.row_capacity, dtype=np.int64)  # [R]
+        self.steps = 0  # batches counted
 
     def add(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Count one batch's (unique) pairs."""
+        self.steps += 1
         rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).rows
         if self.counts.shape[0] < self.index.row_capacity:
             grown = np.zeros(self.index.row_capacity, dtype=np.int64)
@@ -137,23 +146,35 @@ class HotReplica:
 
         rows [U_h] replica rows touched by this rank's batch; grad [U_h, D].
         A row touched by any rank is updated (with its summed gradient), as the
-        single process updates every row its batch touched.
+        single process updates every row its batch touched. When a zero gradient
+        leaves a row unchanged (SGD and Adagrad variants without weight decay),
+        every hot row is updated and no touch column is sent.
         """
         h, d = self.size, self.group.dim
         if h == 0:
             self.group.step = self.owner.step
             return
-        buf = torch.zeros(h, d + 1)  # [H, D + 1]: gradient, then a touch count
+        flag = self._zero_grad_moves_rows()
+        buf = torch.zeros(h, d + flag)  # [H, D (+ 1)]: gradient, then a touch count
         r = torch.from_numpy(rows)
         buf[r, :d] = grad
-        buf[r, d] = 1.0
+        if flag:
+            buf[r, d] = 1.0
         if self.ctx.is_distributed:
             t0 = time.perf_counter()
             dist.all_reduce(buf, group=self.ctx.sparse_group)
             w = self.ctx.world_size
             self.traffic.add("hot", 2 * (w - 1) * buf.numel() * 4 // w, time.perf_counter() - t0)
-        touched = torch.nonzero(buf[:, d] > 0).squeeze(1)
-        self.group.update(touched, buf.index_select(0, touched)[:, :d].contiguous())
+        if flag:
+            touched = torch.nonzero(buf[:, d] > 0).squeeze(1)
+            self.group.update(touched, buf.index_select(0, touched)[:, :d].contiguous())
+        else:
+            self.group.update(torch.arange(h), buf)
+
+    def _zero_grad_moves_rows(self) -> bool:
+        """Whether a zero gradient still changes a row (Adam's moments, weight decay, 0/0 at eps 0)."""
+        o = self.owner.optimizer
+        return o.kind is OptimizerKind.ADAM or o.weight_decay != 0 or (o.eps == 0 and o.kind is not OptimizerKind.SGD)
 
     def count(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         if self.enabled:
@@ -193,8 +214,9 @@ class HotReplica:
             self.traffic.add("refresh", 2 * (ctx.world_size - 1) * counts.numel() * 8 // ctx.world_size)
         c = counts.numpy()
         # 3. the most requested, ties by (table, id): the same choice on every rank
+        least = max(1, math.ceil(cfg.hot_min_share * ctx.world_size * self.counter.steps))
         order = np.lexsort((uk, ut, -c))
-        order = order[c[order] >= cfg.hot_min_count][: cfg.hot_rows]
+        order = order[c[order] >= least][: cfg.hot_rows]
         return uk[order], ut[order]
 
     def _handover(self, keys: np.ndarray, tabs: np.ndarray, owner_of) -> None:

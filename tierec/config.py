@@ -318,10 +318,11 @@ class PruneConfig:
     chunk: int = 4  # dims per chunk; embedding dims must be multiples of it
     every: int = 100  # steps between pruning steps
     start_step: int = 0  # no pruning before this step (importance warms up)
-    # Bytes of the chunk pools (weights + per-dim optimizer state + importance of each chunk);
-    # 0 = use target_ratio instead.
+    # Bytes of embedding values: the chunk pools as allocated (weights, per-dim optimizer state and
+    # importance of every chunk) plus per-row optimizer state; 0 = use target_ratio instead.
     memory_budget: int = 0
-    target_ratio: float = 4.0  # pool bytes with every row at full dim / pool bytes kept
+    # Bytes plain tables would hold for the same rows (weights + optimizer state) / value bytes kept.
+    target_ratio: float = 4.0
     decay: float = 0.8  # importance kept from one pruning step to the next
     importance: str = "gradient"  # "gradient": frequency x gradient magnitude | "frequency" (baseline)
     regrow: bool = True  # a pruned chunk of a row that became important grows back (zeros, fresh state)

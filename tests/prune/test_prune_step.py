@@ -10,7 +10,7 @@ from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
-from tierec.prune.pruner import _threshold
+from tierec.prune.pruner import select
 
 DIM, CHUNK = 8, 2
 
@@ -45,9 +45,11 @@ def test_ratio_is_met_and_bytes_really_fall() -> None:
     before_total, before_pool, cap = coll.nbytes(), g.pool_bytes(), g.chunks.capacity
     assert g.dim_histogram()[-1] == g.num_rows  # every row starts at full dim
     step = Pruner(coll, cfg).step()
-    assert step.pool_bytes <= g.full_pool_bytes() / 4 == step.target_bytes
-    assert g.pool_bytes() <= before_pool / 4 + 64  # the tensors really shrank (free-list array aside)
-    assert g.chunks.weights.shape[0] == g.chunks.capacity < cap / 4 + 1
+    # 4x fewer bytes than plain tables would hold for these rows, everything per chunk included
+    assert step.value_bytes <= step.target_bytes == g.full_value_bytes() // 4
+    assert step.value_bytes > 0.99 * step.target_bytes  # and the budget is used
+    assert g.pool_bytes() < before_pool / 4  # the tensors really shrank
+    assert g.chunks.weights.shape[0] == g.chunks.capacity < cap / 4
     assert coll.nbytes() < before_total
     assert step.pruned > 0 and step.regrown == 0  # every row started at full dim
 
@@ -58,7 +60,8 @@ def test_memory_budget_in_bytes() -> None:
     _train(coll, 10)
     pruner = Pruner(coll, cfg)
     pruner.step()
-    assert 2000 < _group(coll).pool_bytes() <= 3000
+    g = _group(coll)
+    assert 2950 < g.pool_bytes() + g.row_state_bytes() <= 3000
 
 
 def test_important_rows_keep_more_dims() -> None:
@@ -114,7 +117,7 @@ def test_pool_over_budget_is_compacted_even_when_little_is_free() -> None:
     step = pruner.step()
     g = _group(coll)
     assert step.pruned > 0 and g.chunks.num_free == 0 and pruner.compactions == 1
-    assert g.pool_bytes() <= step.target_bytes
+    assert g.pool_bytes() + g.row_state_bytes() <= step.target_bytes
 
 
 def test_compaction_keeps_every_row_and_state() -> None:
@@ -167,14 +170,16 @@ def test_no_regrowth_when_disabled() -> None:
     assert (_group(coll).live_chunks()[: live.size] <= live).all()
 
 
-def test_threshold_ties_and_mixed_chunk_sizes() -> None:
-    s = np.array([[3, 2, 2, 1]], dtype=np.float32)
-    assert (s >= _threshold([s], [10], 30)).sum() == 3
-    assert (s >= _threshold([s], [10], 25)).sum() == 1  # the tie at 2 would exceed 25 bytes
-    assert _threshold([s], [10], 100) == -np.inf
+def test_selection_fills_the_budget_exactly_through_ties() -> None:
+    s = np.array([[3, 2, 2, 1], [2, 2, 1, 1]], dtype=np.float32)
+    for budget, want in [(30, [3, 0]), (25, [2, 0]), (50, [3, 2]), (40, [3, 1]), (1000, [4, 4]), (0, [0, 0])]:
+        counts, _ = select([s], [10], budget)
+        assert counts[0].tolist() == want, budget
+    must = np.array([[np.inf, 1, -np.inf]], dtype=np.float32)  # min_dim and no-regrowth positions
+    assert select([must], [10], 0)[0][0].tolist() == [1] and select([must], [10], 100)[0][0].tolist() == [2]
     a, b = np.array([[5.0, 1.0]], np.float32), np.array([[4.0, 3.0]], np.float32)
-    t = _threshold([a, b], [10, 20], 40)  # 5 (10 B) + 4 (20 B) fit, 3 does not
-    assert (a >= t).sum() == 1 and (b >= t).sum() == 1
+    counts, _ = select([a, b], [10, 20], 40)  # 5 (10 B) + 4 (20 B) fit, 3 does not
+    assert [c.tolist() for c in counts] == [[1], [1]]
 
 
 @pytest.mark.parametrize("kind", list(OptimizerKind))
@@ -187,5 +192,5 @@ def test_every_optimizer_prunes_and_trains(kind: OptimizerKind) -> None:
         if pruner.due(s):
             pruner.step()
     g = _group(coll)
-    assert g.pool_bytes() <= g.full_pool_bytes() / 2 + g.chunks.bytes_per_chunk() * 200
+    assert g.value_bytes() <= g.full_value_bytes() / 2 + g.chunks.bytes_per_chunk() * 200
     assert torch.isfinite(g.chunks.weights).all()

@@ -37,7 +37,8 @@ def test_pruned_training_reports_and_meets_the_target(tmp_path: Path) -> None:
     prune = [r for r in _records(tmp_path) if r["kind"] == "prune"]
     assert [r["step"] for r in prune] == [4, 8, 12]  # 12 steps: no extra final prune at a pruning step
     last = summary["prune"]
-    assert last["pool_bytes"] <= last["target_bytes"] == last["full_pool_bytes"] // 4
+    assert last["allocated_value_bytes"] <= last["target_bytes"] == last["full_value_bytes"] // 4
+    assert last["value_bytes"] <= last["allocated_value_bytes"] < last["embedding_bytes"]
     assert last["pruned_chunks"] > 0 and sum(last["dim_hist"].values()) > 0
     assert set(last["dim_hist"]) <= {"0", "2", "4", "6", "8"} or set(last["dim_hist"]) <= {0, 2, 4, 6, 8}
     assert 0.5 < summary["test_auc"] <= 1.0
@@ -66,7 +67,7 @@ def test_final_prune_and_eval_from_checkpoint(tmp_path: Path, capsys) -> None:
     assert main(args) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert [r["step"] for r in _records(run) if r["kind"] == "prune"] == [5, 10, 12]
-    assert summary["prune"]["pool_bytes"] <= summary["prune"]["target_bytes"]
+    assert summary["prune"]["allocated_value_bytes"] <= summary["prune"]["target_bytes"]
     capsys.readouterr()
     assert main(["eval", str(run / "checkpoints")]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

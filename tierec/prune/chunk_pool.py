@@ -35,7 +35,8 @@ class ChunkPool:
         self.weights = torch.zeros(capacity, chunk)  # [P, c]
         self.state = {n: torch.full((capacity, chunk), v) for n, v in self.dim_state.items()}  # [P, c] each
         self.importance = np.zeros(capacity, dtype=np.float32)  # [P]
-        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # stack; the top is the end
+        # Stack of free chunk numbers, the top at the end; sized on demand and emptied by compaction.
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int32)
         self._n_free = capacity
 
     # ------------------------------------------------------------ sizes
@@ -55,11 +56,11 @@ class ChunkPool:
     def bytes_per_chunk(self) -> int:  # bytes: weights, per-dim state, importance
         return 4 * self.chunk * (1 + len(self.state)) + 4
 
-    def nbytes(self) -> int:  # bytes allocated (live and free chunks)
+    def nbytes(self) -> int:  # bytes allocated: every chunk (live and free) and the free list
         return self.capacity * self.bytes_per_chunk() + self._free.nbytes
 
     def free_ids(self) -> np.ndarray:  # [num_free] int64
-        return self._free[: self._n_free].copy()
+        return self._free[: self._n_free].astype(np.int64)
 
     # ------------------------------------------------------- alloc / free
 
@@ -67,7 +68,7 @@ class ChunkPool:
         """``n`` chunk numbers [n] int64: zero weights, initial state, zero importance."""
         if n > self._n_free:
             self._grow(self.num_live + n)
-        ids = self._free[self._n_free - n : self._n_free][::-1].copy()
+        ids = self._free[self._n_free - n : self._n_free][::-1].astype(np.int64)
         self._n_free -= n
         self.reset(ids)
         return ids
@@ -87,6 +88,8 @@ class ChunkPool:
         n = ids.shape[0]
         if n == 0:
             return
+        if self._n_free + n > self._free.shape[0]:
+            self._free = np.resize(self._free, max(self._n_free + n, int(self._free.shape[0] * GROWTH) + 64))
         self._free[self._n_free : self._n_free + n] = ids[::-1]
         self._n_free += n
 
@@ -96,9 +99,9 @@ class ChunkPool:
         self.weights = _resized(self.weights, cap)
         self.state = {n: _resized(s, cap) for n, s in self.state.items()}
         self.importance = np.resize(self.importance, cap)
-        free = np.empty(cap, dtype=np.int64)
+        free = np.empty(cap - old + self._n_free, dtype=np.int32)
         # the new chunks go under the existing free ones, so reuse still comes first
-        new = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
+        new = np.arange(cap - 1, old - 1, -1, dtype=np.int32)
         free[: new.size] = new
         free[new.size : new.size + self._n_free] = self._free[: self._n_free]
         self._free = free
@@ -113,7 +116,7 @@ class ChunkPool:
         at or past ``num_live`` move); the caller rewrites its chunk maps.
         """
         live = self.num_live
-        free = self._free[: self._n_free]
+        free = self._free[: self._n_free].astype(np.int64)
         holes = np.sort(free[free < live])  # free slots inside the kept prefix
         is_free_tail = np.zeros(self.capacity - live, dtype=bool)
         is_free_tail[free[free >= live] - live] = True
@@ -128,7 +131,7 @@ class ChunkPool:
         self.weights = self.weights[:live].clone()
         self.state = {n: t[:live].clone() for n, t in self.state.items()}
         self.importance = self.importance[:live].copy()
-        self._free = np.empty(0, dtype=np.int64)
+        self._free = np.empty(0, dtype=np.int32)
         self._n_free = 0
         return src, holes
 

@@ -238,8 +238,15 @@ class PrunedGroup(TableGroup):
     def pool_bytes(self) -> int:  # bytes the pool has allocated (what the budget limits)
         return self.chunks.nbytes()
 
-    def full_pool_bytes(self) -> int:  # bytes the pool would hold with every row at full dim
-        return self.num_rows * self.n_pos * self.chunks.bytes_per_chunk()
+    def value_bytes(self) -> int:  # bytes of the live chunks and the per-row optimizer state (no slack, no maps)
+        return self.chunks.num_live * self.chunks.bytes_per_chunk() + self.row_state_bytes()
+
+    def row_state_bytes(self) -> int:  # bytes of per-row optimizer state of the rows (row-wise Adagrad)
+        return self.num_rows * 4 * len(self.row_state)
+
+    def full_value_bytes(self) -> int:  # bytes a plain TableGroup holds for these rows: weights, optimizer state
+        per_dim = 1 + len(self.chunks.state)
+        return self.num_rows * 4 * (self.dim * per_dim + len(self.row_state))
 
     def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
         rows = self.cmap.nbytes + self.next_imp.nbytes + sum(s.numel() * 4 for s in self.row_state.values())

@@ -19,8 +19,8 @@ free or over the budget, so the bytes really fall.
 >>> pruner = Pruner(coll, cfg)
 >>> pruner.due(100), pruner.due(150)
 (True, False)
->>> sorted(pruner.stats())[:3]
-['compactions', 'dim_hist', 'embedding_bytes']
+>>> pruner.stats()["dim_hist"], pruner.stats()["target_bytes"]   # no rows yet
+({}, 0)
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def pruned_group_factory(cfg: PruneConfig) -> Callable[[list[TableConfig], int, 
 class PruneStep:
     """What one pruning step did."""
 
-    threshold: float
+    threshold: float  # importance of the least important chunk kept
     pruned: int  # chunks freed
     regrown: int  # chunks grown back
-    pool_bytes: int  # bytes allocated by the pools afterwards
+    value_bytes: int  # bytes allocated afterwards by the pools and per-row optimizer state
     target_bytes: int
 
 
@@ -73,37 +73,42 @@ class Pruner:
         c = self.cfg
         return bool(self.groups) and step >= max(c.start_step, 1) and step % c.every == 0
 
-    def target_bytes(self) -> int:  # bytes the pools may keep
+    def target_bytes(self) -> int:
+        """Value bytes allowed: ``memory_budget``, or the unpruned tables' bytes over ``target_ratio``."""
         if self.cfg.memory_budget:
             return self.cfg.memory_budget
-        return int(sum(g.full_pool_bytes() for g in self.groups) / self.cfg.target_ratio)
+        return int(sum(g.full_value_bytes() for g in self.groups) / self.cfg.target_ratio)
+
+    def allocated_value_bytes(self) -> int:  # what the target limits: pools as allocated, per-row state
+        return sum(g.pool_bytes() + g.row_state_bytes() for g in self.groups)
 
     # --------------------------------------------------------------- the step
 
     def step(self) -> PruneStep:
         cfg = self.cfg
         target = self.target_bytes()
+        pool_target = target - sum(g.row_state_bytes() for g in self.groups)
         # 1. keep-scores of every chunk position, per group
         scores = [g.keep_scores(cfg.min_dim // cfg.chunk, cfg.regrow, cfg.regrow_margin) for g in self.groups]
-        # 2. one threshold for all groups
-        tau = _threshold(scores, [g.chunks.bytes_per_chunk() for g in self.groups], target)
+        # 2. the most important positions that fit, across all groups
+        counts, tau = select(scores, [g.chunks.bytes_per_chunk() for g in self.groups], pool_target)
         pruned = regrown = 0
-        for g, s in zip(self.groups, scores):
-            counts = (s > -np.inf).sum(axis=1) if tau == -np.inf else (s >= tau).sum(axis=1)
+        for g, c in zip(self.groups, counts):
             # 3. free trailing chunks under the threshold, grow back claimed ones
-            p, r = g.apply_counts(counts.astype(np.int64))
+            p, r = g.apply_counts(c)
             pruned, regrown = pruned + p, regrown + r
             # 4. decay
             g.decay_importance(cfg.decay)
         # 5. compact pools that are mostly free, or all of them while over the budget
-        over = sum(g.pool_bytes() for g in self.groups) > target
+        over = self.allocated_value_bytes() > target
         for g in self.groups:
             pool = g.chunks
             if pool.num_free and (over or pool.num_free >= cfg.compact_free_fraction * pool.capacity):
                 g.compact()
                 self.compactions += 1
-        pool_bytes = sum(g.pool_bytes() for g in self.groups)
-        self.last = PruneStep(threshold=float(tau), pruned=pruned, regrown=regrown, pool_bytes=pool_bytes, target_bytes=target)
+        self.last = PruneStep(
+            threshold=tau, pruned=pruned, regrown=regrown, value_bytes=self.allocated_value_bytes(), target_bytes=target
+        )
         return self.last
 
     # --------------------------------------------------------------- reports
@@ -112,51 +117,76 @@ class Pruner:
         return int(sum(g.pruned.sum() for g in self.groups)), int(sum(g.regrown.sum() for g in self.groups))
 
     def stats(self) -> dict:
-        """Allocated bytes, the histogram of row dims, pruned / regrown chunk counts (since the start)."""
+        """Bytes, the histogram of row dims, pruned / regrown chunk counts (since the start).
+
+        ``embedding_bytes``: everything the collection holds (pools, chunk maps, index, plain
+        tables); ``value_bytes``: live chunks and per-row optimizer state; ``allocated_value_bytes``:
+        the same with the pools' free chunks, what ``target_bytes`` limits; ``full_value_bytes``:
+        what plain tables would hold for the same rows.
+        """
         hist: dict[int, int] = {}
         for g in self.groups:
             for k, n in enumerate(g.dim_histogram()):
                 if n:
                     hist[k * g.chunk] = hist.get(k * g.chunk, 0) + int(n)
+        pruned, regrown = self.counts()
         return {
             "embedding_bytes": self.collection.nbytes(),
-            "pool_bytes": sum(g.pool_bytes() for g in self.groups),
-            "full_pool_bytes": sum(g.full_pool_bytes() for g in self.groups),
+            "value_bytes": sum(g.value_bytes() for g in self.groups),
+            "allocated_value_bytes": self.allocated_value_bytes(),
+            "full_value_bytes": sum(g.full_value_bytes() for g in self.groups),
             "target_bytes": self.target_bytes(),
             "dim_hist": dict(sorted(hist.items())),
-            "pruned_chunks": self.counts()[0],
-            "regrown_chunks": self.counts()[1],
+            "pruned_chunks": pruned,
+            "regrown_chunks": regrown,
             "compactions": self.compactions,
         }
 
 
-def _threshold(scores: list[np.ndarray], chunk_bytes: list[int], target: int) -> float:
-    """The smallest threshold whose kept positions (score >= it) fit in ``target`` bytes.
+def select(scores: list[np.ndarray], chunk_bytes: list[int], budget: int) -> tuple[list[np.ndarray], float]:
+    """Chunks to keep per row ``[n_rows]`` for each group, and the threshold.
 
-    -inf when every position that may be kept fits.
+    Keeps the highest-scoring positions (``scores[g]`` is ``[n_rows, K]``, non-increasing
+    along each row, -inf = may not be kept, +inf = must be kept) whose bytes fit in
+    ``budget``; ties at the threshold are filled in row order, so the budget is met
+    exactly. Each row keeps a prefix.
     """
-    flat = [s.ravel() for s in scores]
-    flat = [f[f > -np.inf] for f in flat]
-    total = sum(f.size * b for f, b in zip(flat, chunk_bytes))
-    if total <= target:
-        return -np.inf
-    if len(set(chunk_bytes)) == 1:
-        allv = np.concatenate(flat) if len(flat) > 1 else flat[0]
-        k = target // chunk_bytes[0]  # positions that fit
-        if k <= 0:
-            return np.inf
-        tau = np.partition(allv, allv.size - k)[allv.size - k]  # the k-th largest
-        if (allv >= tau).sum() > k:  # ties: keep fewer rather than exceed
-            tau = np.nextafter(tau, np.float32(np.inf))
-        return float(tau)
-    values = np.concatenate(flat)
-    sizes = np.concatenate([np.full(f.size, b, dtype=np.int64) for f, b in zip(flat, chunk_bytes)])
-    order = np.argsort(-values, kind="stable")
-    fits = np.cumsum(sizes[order]) <= target
-    k = int(fits.sum())
-    if k == 0:
-        return np.inf
-    tau = values[order[k - 1]]
-    if k < values.size and values[order[k]] == tau:
-        tau = np.nextafter(tau, np.float32(np.inf))
-    return float(tau)
+    cand = [s > -np.inf for s in scores]
+    if sum(int(c.sum()) * b for c, b in zip(cand, chunk_bytes)) <= budget:
+        return [c.sum(axis=1) for c in cand], -np.inf
+    if len(set(chunk_bytes)) > 1:
+        return _select_sorted(scores, chunk_bytes, budget)
+    k = max(budget // chunk_bytes[0], 0)  # positions that fit
+    values = np.concatenate([s[c] for s, c in zip(scores, cand)])
+    must = int((values == np.inf).sum())
+    if k <= must:
+        return [(s == np.inf).sum(axis=1) for s in scores], np.inf
+    tau = np.partition(values, values.size - k)[values.size - k]  # the k-th largest
+    counts = [(s > tau).sum(axis=1) for s in scores]
+    spare = k - sum(int(c.sum()) for c in counts)
+    for s, c in zip(scores, counts):  # ties: whole prefixes, rows in order
+        if spare <= 0:
+            break
+        ties = (s == tau).sum(axis=1)
+        before = np.cumsum(ties) - ties
+        take = np.clip(spare - before, 0, ties)
+        c += take
+        spare -= int(take.sum())
+    return counts, float(tau)
+
+
+def _select_sorted(scores: list[np.ndarray], chunk_bytes: list[int], budget: int) -> tuple[list[np.ndarray], float]:
+    """Groups of different chunk sizes: greedy over one stable sort (row, then position order for ties)."""
+    flat = np.concatenate([s.ravel() for s in scores])
+    sizes = np.repeat(np.array(chunk_bytes, dtype=np.int64), [s.size for s in scores])
+    order = np.argsort(-flat, kind="stable")
+    v = flat[order]
+    keep_sorted = ((np.cumsum(sizes[order]) <= budget) | (v == np.inf)) & (v > -np.inf)
+    keep = np.zeros(flat.size, dtype=bool)
+    keep[order[keep_sorted]] = True
+    out, start = [], 0
+    for s in scores:
+        out.append(keep[start : start + s.size].reshape(s.shape).sum(axis=1))
+        start += s.size
+    kept = v[keep_sorted]
+    return out, float(kept.min()) if kept.size else np.inf

@@ -203,7 +203,7 @@ class Trainer:
             mb = 2.0**-20
             line = (
                 f"step {pos.step}: pruned {stats['pruned_chunks']} / regrown {stats['regrown_chunks']} chunks so far; "
-                f"embedding {stats['embedding_bytes'] * mb:.1f} MB, chunk pools {stats['pool_bytes'] * mb:.1f} MB "
+                f"embedding {stats['embedding_bytes'] * mb:.1f} MB, values {stats['allocated_value_bytes'] * mb:.1f} MB "
                 f"(target {stats['target_bytes'] * mb:.1f}); rows per dim {stats['dim_hist']}"
             )
             (bar.write if bar is not None else self.echo)(line)

@@ -83,8 +83,9 @@ def run(budget: int, table_x: float, dim: int, batch_rows: int, disk: str, zipf:
         inserted += n_new
         peak = max(peak, rss_bytes())
     seconds = time.perf_counter() - t0
-    peak = max(peak, peak_rss_bytes() if can_reset else 0)
     st = g.stats()["t"]
+    final = rss_bytes()
+    peak = max(peak, final, peak_rss_bytes() if can_reset else 0)
     out = {
         "budget_bytes": budget,
         "table_bytes": total_rows * record,
@@ -95,7 +96,7 @@ def run(budget: int, table_x: float, dim: int, batch_rows: int, disk: str, zipf:
         "allowance_bytes": overhead_allowance(batch_rows, record),
         "baseline_rss_bytes": base,
         "peak_rss_growth_bytes": peak - base,
-        "final_rss_growth_bytes": rss_bytes() - base,
+        "final_rss_growth_bytes": final - base,
         "rows_cache": st["rows_cache"],
         "rows_host": st["rows_host"],
         "rows_disk": st["rows_disk"],

@@ -6,9 +6,10 @@ and the access statistics (a decayed count and the step of last use). Unlike
 the plain HashIndex, rows can be deleted: the open-addressing map uses
 backward-shift deletion (no tombstones) and freed lids are reused.
 
-Memory per known id: key 8 + table 2 + home tier 1 + home slot 8 + cache slot 4
-+ decayed count 4 + last step 4 bytes, plus 4 bytes per hash slot at a load of
-at most 0.75 (5.3 to 10.7 bytes per id): 36 to 42 bytes per id in all.
+Memory per known id: key 8 + table 2 + home tier 1 + home slot 4 + cache slot 4
++ decayed count 4 + last step 4 bytes (27), plus 4 bytes per hash slot at a load
+of at most 0.75 (5.3 to 10.7 bytes per id) and growth slack: about 40 bytes per
+id as measured (benchmarks/tiers_memory.py).
 
 All kernels are serial and release the GIL, so the prefetch thread can run
 them beside the training step.
@@ -128,10 +129,10 @@ class Directory:
         self.keys = np.zeros(initial_rows, dtype=np.int64)  # [L]
         self.tabs = np.full(initial_rows, -1, dtype=np.int16)  # [L], -1 = free lid
         self.loc = np.zeros(initial_rows, dtype=np.int8)  # [L] LOC_*
-        self.home = np.full(initial_rows, -1, dtype=np.int64)  # [L] slot in the home tier
+        self.home = np.full(initial_rows, -1, dtype=np.int32)  # [L] slot in the home tier (< 2**31)
         self.cslot = np.full(initial_rows, -1, dtype=np.int32)  # [L] fast-tier slot, -1 = not resident
         self.freq = np.zeros(initial_rows, dtype=np.float32)  # [L] decayed access count
-        self.last = np.zeros(initial_rows, dtype=np.int64)  # [L] training step of last access
+        self.last = np.zeros(initial_rows, dtype=np.int32)  # [L] training step of last access
 
     _COLUMNS = ("keys", "tabs", "loc", "home", "cslot", "freq", "last")
     _FILL = {"keys": 0, "tabs": -1, "loc": 0, "home": -1, "cslot": -1, "freq": 0, "last": 0}

@@ -164,6 +164,7 @@ class DiskTier:
         """Mark records dead; a segment left without live records is reused."""
         if slots.shape[0] == 0:
             return
+        slots = np.asarray(slots, dtype=np.int64)
         self.live[slots] = 0
         segs, counts = np.unique(slots // self.seg_rows, return_counts=True)
         self.seg_live[segs] -= counts
@@ -179,6 +180,7 @@ class DiskTier:
         return self._read_full(slots)[:, 1:]
 
     def _read_full(self, slots: np.ndarray) -> np.ndarray:  # [n, 1 + W] with the lid header
+        slots = np.asarray(slots, dtype=np.int64)
         n = slots.shape[0]
         out = np.empty((n, self.rec_floats), dtype=np.float32)
         if n == 0:

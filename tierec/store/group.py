@@ -295,7 +295,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         """Write rows to host (the hottest first, while it has room), the rest to disk."""
         d = self.index
         old_disk = d.loc[lids] == LOC_DISK
-        old_slots = d.home[lids][old_disk]
+        old_slots = d.home[lids][old_disk].astype(np.int64)
         n_host = 0
         if self.host is not None:
             free = self.host.free_rows
@@ -330,7 +330,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         loc = d.loc[lids]
         on_host = np.flatnonzero(loc == LOC_HOST)
         if on_host.size:
-            hs = d.home[lids[on_host]]
+            hs = d.home[lids[on_host]].astype(np.int64)
             self._scatter(slots[on_host], self.host.read(hs))
             self.host.free(hs)
             d.loc[lids[on_host]] = LOC_NONE  # the cache holds the only copy now
@@ -339,7 +339,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]]))
+            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64)))
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)

@@ -59,6 +59,8 @@ class DistributedTrainer(Trainer):
                  echo: Callable[[str], None] = print) -> None:
         if cfg.prune.enabled or getattr(cfg.store, "enabled", False):
             raise ConfigError("distributed training does not support prune.enabled or store.enabled yet")
+        if ctx.device.type != "cpu":
+            raise ConfigError(f"distributed training runs on the CPU (gloo) for now, not on {ctx.device}")
         super().__init__(cfg, run_dir, resume=resume, echo=echo if ctx.is_main else _quiet)
         self.ctx = ctx
         self.is_main = ctx.is_main

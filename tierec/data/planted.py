@@ -41,7 +41,7 @@ import numpy as np
 
 from tierec.config import SyntheticConfig
 from tierec.data.schema import CRITEO_CARDINALITIES
-from tierec.data.synth_kernels import LATENT_DIM, draw_kernel, pseudo_normal, score_kernel
+from tierec.data.synth_kernels import LATENT_DIM, draw_kernel, pseudo_normal, rank_table, score_kernel
 
 LOGIT_STD = 1.6  # standard deviation of the planted logit (planted AUC about 0.82)
 DECAY_RANK = 200.0  # R0: an id's effect is scaled by R0 / (R0 + rank)
@@ -103,6 +103,7 @@ class PlantedModel:
     zipf_mode: int  # 0 uniform, 1 exponent 1, 2 other exponents
     zipf_c: np.ndarray  # [F] float64, per-feature constant of the inverse CDF
     zipf_inv: float  # 1 / (1 - exponent) for mode 2
+    rank_table: np.ndarray  # [F, RANK_BINS + 1] int32, ranks at quantile bin edges (see synth_kernels)
     decay_rank: float  # R0
 
     @staticmethod
@@ -149,7 +150,8 @@ class PlantedModel:
             mode, zc, inv = 2, (cards + 1.0) ** (1.0 - s) - 1.0, 1.0 / (1.0 - s)
         model = PlantedModel(
             cards, keys, effect_keys, latent_keys, weights, latent_slot, pairs, pair_weights,
-            dense_scale, dense_weights, dense_mean, 0.0, importance, k, mode, zc, inv, DECAY_RANK,
+            dense_scale, dense_weights, dense_mean, 0.0, importance, k, mode, zc, inv,
+            rank_table(cards, zc, inv, mode), DECAY_RANK,
         )  # fmt: skip
         return dataclasses.replace(model, bias=model._calibrated_bias(cfg.seed, cfg.positive_rate))
 
@@ -161,8 +163,8 @@ class PlantedModel:
         values = np.empty(n_feat * n * k, np.int64)
         u_label = np.empty(n, np.float64)
         draw_kernel(
-            np.int64(start), split_key, self.cards, self.zipf_c, self.zipf_inv, self.zipf_mode, self.perm_keys,
-            k, self.dense_scale, dense, values, u_label,
+            np.int64(start), split_key, self.cards, self.zipf_c, self.zipf_inv, self.zipf_mode, self.rank_table,
+            self.perm_keys, k, self.dense_scale, dense, values, u_label,
         )  # fmt: skip
         return dense, values, u_label
 

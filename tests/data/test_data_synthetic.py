@@ -69,6 +69,20 @@ def test_shape_names_and_id_folding() -> None:
         assert ranks.min() >= 0 and ranks.max() < cards[f]
 
 
+@pytest.mark.parametrize("zipf", [1.3, 1.0, 0.0])
+def test_rank_table_agrees_with_the_inverse_cdf(zipf: float) -> None:
+    from tierec.data.synth_kernels import RANK_BINS, rank_of
+
+    m = PlantedModel.from_config(SyntheticConfig(zipf=zipf, cardinality_scale=1.0))
+    us = (np.random.default_rng(1).integers(0, 2**53, 20_000) + 0.5) * 2.0**-53
+    for f in (2, 8, 20):  # 10M, 3 and 7M ids at scale 1
+        table, zc = m.rank_table[f], m.zipf_c[f]
+        direct = [rank_of(u, zc, m.zipf_inv, m.zipf_mode, m.cards[f]) for u in us]
+        bins = (us * RANK_BINS).astype(np.int64)
+        via = np.where(table[bins] == table[bins + 1], table[bins], direct)
+        assert np.array_equal(via, direct)
+
+
 def test_multi_hot_bags() -> None:
     src = open_source(cfg_of(train_rows=100, ids_per_feature=3), "train", 64)
     b = next(iter(src))

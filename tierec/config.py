@@ -366,11 +366,11 @@ class DistConfig:
     # Hot-row replication: rows per table group replicated on every rank (0 = off).
     hot_rows: int = 0
     hot_refresh_every: int = 50  # steps between hot-set refreshes from job-wide counts
-    hot_candidates: int = 0  # per-rank top-k candidates for the refresh; 0 = 2 * hot_rows
+    hot_candidates: int = 0  # rows each rank may propose at a refresh; 0 = hot_rows
     # A row is replicated only if requested in at least this share of the window's (rank, step)
     # pairs: replicas cost an all-reduce of every hot row every step, so a row that most ranks
     # do not request every step is cheaper through the all-to-all (docs/distributed.md).
-    hot_min_share: float = 0.5
+    hot_min_share: float = 0.9
 
     def __post_init__(self) -> None:
         if self.backend not in {"auto", "gloo", "nccl"}:

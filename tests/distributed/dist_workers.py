@@ -77,7 +77,8 @@ def collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, 
         with torch.no_grad():
             out = coll(local[-1])
         coll.close()
-        result = {"state": coll.state_dict(), "eval": out, "hot_rows": hot, "traffic": coll.traffic.per_step()}
+        result = {"state": coll.state_dict(), "eval": out, "hot_rows": hot, "moves": coll.hot_moves(),
+                  "traffic": coll.traffic.per_step()}
         torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")
 
 

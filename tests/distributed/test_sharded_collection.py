@@ -41,6 +41,7 @@ def test_sharded_training_matches_one_process(tmp_path: Path, world: int) -> Non
         if name == "hot":
             assert all(r["hot_rows"] > 0 for r in results)
             assert results[0]["hot_rows"] == results[-1]["hot_rows"]
+            assert results[0]["moves"]["joined"] > 0 and results[0]["moves"]["left"] > 0  # both handovers ran
 
 
 def test_owner_is_a_stable_function_of_table_and_id() -> None:

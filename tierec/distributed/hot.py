@@ -6,9 +6,9 @@ one all-reduce and every rank applies the same fused optimizer step, so the
 copies stay bit-identical (a ring all-reduce hands every rank the same sums).
 
 The hot set is refreshed every ``dist.hot_refresh_every`` steps from job-wide
-counts: each rank proposes its top-k of the window (k = ``dist.hot_candidates``),
-the proposals are unioned (all_gather), their counts summed (all_reduce), and
-the ``dist.hot_rows`` most requested become the new hot set, ties broken by
+counts: each rank proposes its most requested rows of the window with their counts
+(one all_gather), the counts of each proposed row are summed, and the
+``dist.hot_rows`` most requested become the new hot set, ties broken by
 (table, id) so every rank picks the same. Only rows requested in at least
 ``dist.hot_min_share`` of the window's (rank, step) pairs qualify: a ring
 all-reduce of a row's gradient sends about what the all-to-all path sends for
@@ -27,7 +27,7 @@ handover is exact:
 >>> from tierec.distributed.hot import WindowCounter
 >>> c = WindowCounter()
 >>> c.add(np.array([5, 7, 5], dtype=np.int64), np.zeros(3, dtype=np.int32))
->>> keys, tabs = c.top(1)
+>>> keys, tabs, counts = c.top(1)
 >>> keys.tolist(), c.counts_of(np.array([5, 9], dtype=np.int64), np.zeros(2, dtype=np.int32)).tolist()
 ([5], [2, 0])
 """
@@ -69,14 +69,14 @@ class WindowCounter:
         n = self.index.num_rows
         self.counts[:n] += np.bincount(rows, minlength=n)
 
-    def top(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (at most) k most counted (keys, tabs) of the window."""
+    def top(self, k: int, least: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (at most) k most counted (keys, tabs, counts) of the window, counted at least ``least`` times."""
         n = self.index.num_rows
-        if n == 0 or k == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
         c = self.counts[:n]
-        pick = np.argpartition(-c, k - 1)[:k] if k < n else np.arange(n)
-        return self.index.row_keys[pick].copy(), self.index.row_tabs[pick].astype(np.int32)
+        pick = np.flatnonzero(c >= least)
+        if pick.size > k:
+            pick = pick[np.argpartition(-c[pick], k - 1)[:k]]
+        return self.index.row_keys[pick].copy(), self.index.row_tabs[pick].astype(np.int32), c[pick].copy()
 
     def counts_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:  # [N] int64, 0 when unseen
         rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
@@ -119,6 +119,7 @@ class HotReplica:
         self.tabs = np.empty(0, dtype=np.int32)  # [H] table of each replica row
         self.version = 0  # bumped by every refresh; an id split under an older set is stale
         self.counter = WindowCounter()
+        self.moves = {"joined": 0, "left": 0}  # rows handed over so far, job-wide (the same on every rank)
 
     def _empty(self) -> TableGroup:
         g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
@@ -192,29 +193,36 @@ class HotReplica:
         self.traffic.add("refresh", 0, time.perf_counter() - t0)
 
     def _elect(self) -> tuple[np.ndarray, np.ndarray]:
+        """The new hot set, the same on every rank: one all_gather of each rank's qualifying candidates.
+
+        A row reaches ``share * W * steps`` requests only if some rank saw it at
+        least ``share * steps`` times, so each rank proposes just those (at most
+        ``dist.hot_candidates``, default ``dist.hot_rows``) with its counts. A
+        row's job-wide count is the sum of the counts reported for it: exact for
+        rows every rank proposes, an underestimate otherwise. Placement never
+        changes the numbers, only where rows live, so an estimate is enough.
+        """
         cfg, ctx = self.cfg, self.ctx
-        k = cfg.hot_candidates or 2 * cfg.hot_rows
-        ck, ct = self.counter.top(k)
-        # 1. union of every rank's candidates (fixed-size rows; table -1 pads)
-        mine = torch.full((k, 2), -1, dtype=torch.int64)
-        mine[: ck.shape[0], 0] = torch.from_numpy(ck)
-        mine[: ck.shape[0], 1] = torch.from_numpy(ct.astype(np.int64))
-        if ctx.is_distributed:
-            every = torch.empty(ctx.world_size * k, 2, dtype=torch.int64)
+        steps = self.counter.steps
+        ck, ct, cc = self.counter.top(cfg.hot_candidates or cfg.hot_rows, max(1, math.ceil(cfg.hot_min_share * steps)))
+        packed = np.stack([ck, (ct.astype(np.int64) << 32) | np.minimum(cc, 2**31 - 1)], axis=1)  # [n, 2]
+        every = torch.from_numpy(packed)
+        if ctx.is_distributed:  # 1. how many each rank proposes, 2. the proposals, padded to the longest
+            sizes = torch.empty(ctx.world_size, dtype=torch.int64)
+            dist.all_gather_single(sizes, torch.tensor([packed.shape[0]], dtype=torch.int64), group=ctx.sparse_group)
+            m = int(sizes.max())
+            mine = torch.full((m, 2), -1, dtype=torch.int64)
+            mine[: packed.shape[0]] = every
+            every = torch.empty(ctx.world_size * m, 2, dtype=torch.int64)
             dist.all_gather_single(every, mine, group=ctx.sparse_group)
-            self.traffic.add("refresh", (ctx.world_size - 1) * mine.numel() * 8)
-        else:
-            every = mine
-        every = every[every[:, 1] >= 0].numpy()
-        uk, ut, _ = Deduper()(np.ascontiguousarray(every[:, 0]), every[:, 1].astype(np.int32))
-        # 2. their job-wide counts
-        counts = torch.from_numpy(self.counter.counts_of(uk, ut))
-        if ctx.is_distributed:
-            dist.all_reduce(counts, group=ctx.sparse_group)
-            self.traffic.add("refresh", 2 * (ctx.world_size - 1) * counts.numel() * 8 // ctx.world_size)
-        c = counts.numpy()
-        # 3. the most requested, ties by (table, id): the same choice on every rank
-        least = max(1, math.ceil(cfg.hot_min_share * ctx.world_size * self.counter.steps))
+            self.traffic.add("refresh", (ctx.world_size - 1) * (8 + mine.numel() * 8))
+        e = every.numpy()
+        e = e[e[:, 1] >= 0]
+        keys, tabs, counts = np.ascontiguousarray(e[:, 0]), (e[:, 1] >> 32).astype(np.int32), e[:, 1] & 0xFFFFFFFF
+        uk, ut, inv = Deduper()(keys, tabs)
+        c = np.bincount(inv, weights=counts, minlength=uk.shape[0]).astype(np.int64)
+        # the most requested, ties by (table, id): the same choice on every rank
+        least = max(1, math.ceil(cfg.hot_min_share * ctx.world_size * steps))
         order = np.lexsort((uk, ut, -c))
         order = order[c[order] >= least][: cfg.hot_rows]
         return uk[order], ut[order]
@@ -228,35 +236,54 @@ class HotReplica:
             fresh = HashIndex()
             fresh.lookup(keys, tabs, insert=True)
             leaving = np.flatnonzero(fresh.lookup(self.keys, self.tabs, insert=False).rows < 0)
+            self.moves["left"] += int(leaving.size)
             mine = leaving[owner_of(self.keys[leaving], self.tabs[leaving]) == ctx.rank]
             if mine.size:
                 src = torch.from_numpy(mine)
                 dst = owner.lookup(self.keys[mine], self.tabs[mine], insert=True).to(owner.device)
                 _write_rows(owner, dst, _read_rows(self.group, src))
-        # 2. rows joining it take their owner's weights and state (one summed buffer)
+        # 2. rows joining it take their owner's weights and state: each owner sends its
+        #    joining rows (in hot-set order) to everyone; every rank knows who owns what.
         joining = np.flatnonzero(old_rows < 0)
-        buf = torch.zeros(joining.size, width + 1)  # [J, D + S + 1]; last column: owner had the row
-        if joining.size:
-            jk, jt = keys[joining], tabs[joining]
-            ours = np.flatnonzero(owner_of(jk, jt) == ctx.rank)
-            rows = owner.lookup(jk[ours], jt[ours], insert=False).numpy()
-            have = ours[rows >= 0]
-            if have.size:
-                buf[torch.from_numpy(have), :width] = _read_rows(owner, torch.from_numpy(rows[rows >= 0]))
-                buf[torch.from_numpy(have), width] = 1.0
-        if ctx.is_distributed and buf.numel():
-            dist.all_reduce(buf, group=ctx.sparse_group)
-            self.traffic.add("refresh", 2 * (ctx.world_size - 1) * buf.numel() * 4 // ctx.world_size)
+        self.moves["joined"] += int(joining.size)
+        buf = self._gather_from_owners(keys[joining], tabs[joining], owner_of, width)  # [J, D + S + 1]
         # 3. the new replica: rows 0..H'-1 in hot-set order (new rows start from the deterministic init)
         group = self._empty()
         new_rows = group.lookup(keys, tabs, insert=True)  # == arange(H')
         staying = np.flatnonzero(old_rows >= 0)
         if staying.size:
             _write_rows(group, new_rows[staying], _read_rows(self.group, torch.from_numpy(old_rows[staying])))
-        present = torch.nonzero(buf[:, width] > 0).squeeze(1)
+        present = torch.nonzero(buf[:, width] > 0).squeeze(1)  # the owner had the row
         if present.numel():
             _write_rows(group, new_rows[torch.from_numpy(joining)[present]], buf[present, :width])
         self.group, self.keys, self.tabs = group, keys.copy(), tabs.astype(np.int32)
+
+    def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of, width: int) -> Tensor:
+        """Rows [J, width + 1] (weights, state, 1 if the owner had the row) of (keys, tabs), on every rank."""
+        ctx, owner = self.ctx, self.owner
+        who = owner_of(keys, tabs) if keys.size else np.empty(0, dtype=np.int32)
+        per_rank = np.bincount(who, minlength=ctx.world_size)  # rows each owner sends
+        m = int(per_rank.max()) if keys.size else 0
+        mine = np.flatnonzero(who == ctx.rank)
+        send = torch.zeros(m, width + 1)
+        rows = owner.lookup(keys[mine], tabs[mine], insert=False).numpy()
+        have = np.flatnonzero(rows >= 0)
+        if have.size:
+            send[torch.from_numpy(have), :width] = _read_rows(owner, torch.from_numpy(rows[have]).to(owner.device)).cpu()
+            send[torch.from_numpy(have), width] = 1.0
+        if not ctx.is_distributed or m == 0:
+            every = send.unsqueeze(0)  # [1, m, width + 1]
+        else:
+            every = torch.empty(ctx.world_size * m, width + 1)
+            dist.all_gather_single(every, send, group=ctx.sparse_group)
+            self.traffic.add("refresh", (ctx.world_size - 1) * send.numel() * 4)
+            every = every.view(ctx.world_size, m, width + 1)
+        out = torch.zeros(keys.shape[0], width + 1)
+        for r in range(every.shape[0]):
+            idx = np.flatnonzero(who == r)
+            if idx.size:
+                out[torch.from_numpy(idx)] = every[r, : idx.size]
+        return out
 
     def flush_to_owner(self, owner_of) -> None:
         """Write the hot rows this rank owns into its shard (before reading the shard's state)."""

@@ -365,6 +365,10 @@ class ShardedEmbeddingCollection(nn.Module):
     def hot_rows(self) -> int:
         return sum(s.hot.size for s in self.shards)
 
+    def hot_moves(self) -> dict[str, int]:
+        """Rows that joined and left the hot sets so far (every handover is exact)."""
+        return {k: sum(s.hot.moves[k] for s in self.shards) for k in ("joined", "left")}
+
     # --------------------------------------------------------------- state
 
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]

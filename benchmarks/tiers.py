@@ -316,15 +316,17 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(a.threads)
         numba.set_num_threads(a.threads)
-    res: dict = {"argv": argv if argv is not None else sys.argv[1:]}
+    res: dict = {"argv": argv if argv is not None else sys.argv[1:], "loadavg_start": os.getloadavg(), "cpus": os.cpu_count()}
     if a.which in ("hitrate", "all"):
         res["hitrate"] = run_hitrate(a)
     if a.which in ("disk", "all"):
         res["disk"] = run_disk(a)
     if a.which in ("memory", "all"):
         res["memory"] = run_memory(a)
+    res["loadavg_end"] = os.getloadavg()
     if not a.quiet:
         _print(res)
+        print(f"\nload average: {res['loadavg_start']} at the start, {res['loadavg_end']} at the end ({res['cpus']} cpus)")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -11,9 +11,10 @@ live data (the lid in each record tells the caller whose home moved).
 
 Reads are random ``pread`` calls issued from numba kernels that release the
 GIL, from several threads at once (the device's queue depth), with adjacent
-slots merged into one call. After each batch of I/O the file's pages are
-dropped from the page cache (``POSIX_FADV_DONTNEED``), so the kernel does not
-quietly keep the table in RAM and disk reads in benchmarks are real.
+slots merged into one call. Pages are dropped from the page cache
+(``POSIX_FADV_DONTNEED``) right after they are read, and written pages once
+written back, so the kernel does not quietly keep the table in RAM and disk
+reads in benchmarks are real.
 
 The file is unlinked as soon as it is opened: it disappears with the process.
 
@@ -42,11 +43,20 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _pread = _LIBC.pread
 _pread.restype = ctypes.c_ssize_t
 _pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+_fadvise = _LIBC.posix_fadvise
+_fadvise.restype = ctypes.c_int
+_fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+_DONTNEED = os.POSIX_FADV_DONTNEED
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-@nb.njit(nogil=True)  # not cached: it calls a ctypes function by address
-def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out):
-    """Read runs of consecutive records into ``out`` rows ``run_dst[r] ..``; 0 or -1 on error."""
+@nb.njit(nogil=True)  # not cached: it calls ctypes functions by address
+def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out, drop):
+    """Read runs of consecutive records into ``out`` rows ``run_dst[r] ..``; 0 or -1 on error.
+
+    With ``drop`` the pages just read leave the page cache at once (each run's
+    own range: cheap, unlike a walk over the whole file).
+    """
     base = out.ctypes.data
     for r in range(run_slot.shape[0]):
         nbytes = run_len[r] * rec_bytes
@@ -58,6 +68,10 @@ def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out):
             if got <= 0:
                 return -1
             done += got
+        if drop:  # whole pages only are dropped: widen the range to page bounds
+            lo = off - off % _PAGE
+            hi = off + nbytes + (_PAGE - (off + nbytes) % _PAGE) % _PAGE
+            _fadvise(fd, lo, hi - lo, _DONTNEED)
     return 0
 
 
@@ -157,8 +171,10 @@ class DiskTier:
         while done < len(view):
             done += os.pwrite(self.fd, view[done:], offset + done)
         self.bytes_written += len(view)
-        if self.drop_cache_after_io:  # starts write-back now; the pages are dropped once clean
-            os.posix_fadvise(self.fd, offset, len(view), os.POSIX_FADV_DONTNEED)
+        if self.drop_cache_after_io:  # written back now (one sequential write), then dropped
+            os.fdatasync(self.fd)
+            lo = offset - offset % _PAGE
+            os.posix_fadvise(self.fd, lo, offset + len(view) - lo, os.POSIX_FADV_DONTNEED)
 
     def free(self, slots: np.ndarray) -> None:
         """Mark records dead; a segment left without live records is reused."""
@@ -191,13 +207,14 @@ class DiskTier:
         buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
         run_slot, run_len, run_dst = _runs(uniq)
         chunks = self._split(run_len)
+        drop = self.drop_cache_after_io
         if len(chunks) == 1:
-            status = [_pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf)]
+            status = [_pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, drop)]
         else:
             pool = self._executor()
             status = list(
                 pool.map(
-                    lambda c: _pread_runs(self.fd, run_slot[c], run_len[c], run_dst[c], self.rec_bytes, buf), chunks
+                    lambda c: _pread_runs(self.fd, run_slot[c], run_len[c], run_dst[c], self.rec_bytes, buf, drop), chunks
                 )
             )
         if min(status) < 0:
@@ -205,8 +222,6 @@ class DiskTier:
         self.bytes_read += buf.nbytes
         dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
         out[order] = buf[dup]
-        if self.drop_cache_after_io:
-            self.drop_page_cache()
         return out
 
     def _split(self, run_len: np.ndarray) -> list[np.ndarray]:

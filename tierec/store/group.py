@@ -38,6 +38,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numba as nb
 import numpy as np
 import torch
 from torch import Tensor
@@ -56,6 +57,26 @@ from tierec.store.sizes import format_size
 from tierec.store.spec import CachePolicy, Counter, TierSpec
 
 ZERO_SLOT = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _gather_cols(src, slots, out, col):
+    """out[i, col:col+w] = src[slots[i]] for a [C, w] array of the fast tier."""
+    w = src.shape[1]
+    for i in range(slots.shape[0]):
+        r = slots[i]
+        for j in range(w):
+            out[i, col + j] = src[r, j]
+
+
+@nb.njit(cache=True, nogil=True)
+def _scatter_cols(dst, slots, rec, col):
+    """dst[slots[i]] = rec[i, col:col+w]."""
+    w = dst.shape[1]
+    for i in range(slots.shape[0]):
+        r = slots[i]
+        for j in range(w):
+            dst[r, j] = rec[i, col + j]
 
 
 class CacheCapacityError(RuntimeError):
@@ -350,7 +371,21 @@ class TieredGroup(Policies, TierState, TableGroup):
         d.cslot[lids] = slots
         self.slot_lid[slots] = lids
 
+    def _columns(self) -> list[tuple[np.ndarray, int]]:
+        """The fast tier's arrays as 2-D numpy views with their first column in a record (CPU only)."""
+        out, col = [(self.weights.numpy(), 0)], self.dim
+        for name, s in self.state.items():
+            out.append((s.view(s.shape[0], -1).numpy(), col))
+            col += self._state_widths[name]
+        return out
+
     def _gather(self, slots: np.ndarray) -> np.ndarray:  # [n, W] records from the fast tier
+        slots = slots.astype(np.int64, copy=False)
+        if self.device.type == "cpu":
+            out = np.empty((slots.size, self.record_width), dtype=np.float32)
+            for arr, col in self._columns():
+                _gather_cols(arr, slots, out, col)
+            return out
         if slots.size == 0:
             return np.empty((0, self.record_width), dtype=np.float32)
         idx = torch.from_numpy(slots).to(self.device)
@@ -359,6 +394,12 @@ class TieredGroup(Policies, TierState, TableGroup):
         return torch.cat(parts, 1).cpu().numpy()
 
     def _scatter(self, slots: np.ndarray, records: np.ndarray) -> None:
+        slots = slots.astype(np.int64, copy=False)
+        if self.device.type == "cpu":
+            rec = np.ascontiguousarray(records, dtype=np.float32)
+            for arr, col in self._columns():
+                _scatter_cols(arr, slots, rec, col)
+            return
         idx = torch.from_numpy(slots).to(self.device)
         rec = torch.from_numpy(np.ascontiguousarray(records)).to(self.device)
         self.weights.index_copy_(0, idx, rec[:, : self.dim].contiguous())

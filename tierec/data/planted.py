@@ -108,12 +108,12 @@ class PlantedModel:
 
     @staticmethod
     def from_config(cfg: SyntheticConfig) -> PlantedModel:
+        """The model of ``cfg``; constants come from :func:`seeded`, not numpy's RNG (whose streams may change)."""
         n_feat, n_dense, seed = len(CRITEO_CARDINALITIES), cfg.n_dense, cfg.seed
         cards = np.array(cardinalities(cfg), np.int64)
         keys = np.array([[int(seeded(seed, 1, f, t)) & 0xFFFFFFFF for t in (0, 1)] for f in range(n_feat)], np.uint64)
         effect_keys = np.array([seeded(seed, 2, f) for f in range(n_feat)], np.uint64)
         latent_keys = np.array([seeded(seed, 3, f) for f in range(n_feat)], np.uint64)
-        # Model constants come from seeded(), not numpy's RNG, whose streams may change across versions.
         k = cfg.ids_per_feature
         # Per-id part: feature f's term a_f * E_f has variance share_f * 0.6 * LOGIT_STD**2.
         h2 = np.array([_mean_decay_sq(int(c), cfg.zipf) for c in cards])  # E[h(r)^2]

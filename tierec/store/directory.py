@@ -30,6 +30,7 @@ import numba as nb
 import numpy as np
 
 from tierec.embedding.kernels import key_hash
+from tierec.store.sizes import release_free_memory
 
 MAX_LOAD = 0.75
 
@@ -185,16 +186,21 @@ class Directory:
         self._n_free = need
 
     def _reserve(self, lids: int, rows: int) -> None:
-        if lids > self.capacity:
+        grew_columns = lids > self.capacity
+        if grew_columns:
             cap = max(lids, int(self.capacity * 1.25) + 16)
             for c in self._COLUMNS:
                 old = getattr(self, c)
                 new = np.full(cap, self._FILL[c], dtype=old.dtype)
                 new[: old.shape[0]] = old
                 setattr(self, c, new)
+        grown = grew_columns
         if rows > MAX_LOAD * self.slots.shape[0]:
             self.slots = np.full(_next_pow2(int(rows / MAX_LOAD) + 1), -1, dtype=np.int32)
             _rebuild(self.keys, self.tabs, self.high, self.slots)
+            grown = True
+        if grown:
+            release_free_memory()
 
     # ----------------------------------------------------------- listings
 

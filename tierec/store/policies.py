@@ -25,6 +25,7 @@ import numpy as np
 
 from tierec.store import hotness
 from tierec.store.directory import LOC_DISK, LOC_HOST
+from tierec.store.sizes import release_free_memory
 from tierec.store.spec import CachePolicy, Counter
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Policies:
             lids, slots = self.disk.compact()
             d.home[lids] = slots
             self.disk.drop_page_cache()
+        release_free_memory()
 
     def delete_rows(self: TieredGroup, lids: np.ndarray, counter: Counter) -> None:
         if lids.size == 0:

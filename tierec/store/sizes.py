@@ -74,3 +74,19 @@ def _error(message: str) -> ValueError:
     except ImportError:  # pragma: no cover
         return SizeError(message)
     return ConfigError(message)
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    glibc raises its mmap threshold after large frees, so later mid-size arrays
+    come from the heap and their pages linger after they are freed; the store
+    calls this after growing its directory and at every hotness pass, so that
+    resident memory follows what is in use.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: libc is already loaded
+    except (OSError, AttributeError):
+        pass

@@ -1,1 +1,19 @@
-"""Side-by-side benchmarks of tierec against its peers: ``python -m benchmarks.run --help``."""
+"""Side-by-side benchmarks of tierec against its peers: ``python -m benchmarks.run --help``.
+
+OpenMP threads (torch's, FBGEMM's through torch, numba's) busy-wait at the end
+of every parallel loop by default. On a machine shared with other processes
+that is ruinous: a thread spins for a core whose other thread was descheduled,
+and a DLRM step measured 10-20x slower (wall) than with sleeping waits. So,
+unless the environment already says otherwise, the benchmarks run with
+``OMP_WAIT_POLICY=PASSIVE`` for every system alike. It only takes effect when
+set before torch is first imported; ``benchmarks.run`` records what was in force.
+"""
+
+import os
+import sys
+
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    OMP_WAIT_POLICY_APPLIED = True
+else:  # imported from a process that already started OpenMP: its policy stands
+    OMP_WAIT_POLICY_APPLIED = "OMP_WAIT_POLICY" in os.environ

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import OMP_WAIT_POLICY_APPLIED
 from benchmarks.systems import ENGINE_SYSTEMS
 from benchmarks.workload import Workload
 
@@ -77,6 +78,8 @@ def machine() -> dict:
         "numba": numba.__version__,
         "numba_threads": numba.get_num_threads(),
         "loadavg": os.getloadavg(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default: active spinning)"),
+        "omp_wait_policy_in_force": bool(OMP_WAIT_POLICY_APPLIED),
     }
 
 

@@ -181,6 +181,7 @@ class _Runner:
         self.pipe = StorePipeline([self.parts.embeddings], depth=1) if mode.endswith("+prefetch") else None
         self.times: list[float] = []
         self.marks: list[tuple] = []
+        self.rounds: list[tuple[float, float, float]] = []  # per timed chunk: wall s, process CPU s, load
 
     def _mark(self) -> tuple:
         tot = self.monitor.totals() if self.monitor.active else {}
@@ -190,6 +191,7 @@ class _Runner:
     def run(self, batches, timed: bool) -> None:
         """Train on ``batches``; when ``timed``, record the wall time of every step (pipeline waits included)."""
         start = self._mark()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         stream = self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches)
         t_prev = time.perf_counter()
         for batch in stream:
@@ -205,12 +207,17 @@ class _Runner:
             t_prev = now
         if timed:
             self.marks.append((start, self._mark(), len(batches)))
+            self.rounds.append((time.perf_counter() - wall0, time.process_time() - cpu0, os.getloadavg()[0]))
 
     def result(self, batch_size: int) -> dict:
+        steps = len(self.times)
         res = {
             "mode": self.mode,
             "median_step_s": float(np.median(self.times)),
-            "samples_per_s": batch_size * len(self.times) / float(np.sum(self.times)),
+            "samples_per_s": batch_size * steps / float(np.sum(self.times)),
+            "cpu_s_per_step": sum(r[1] for r in self.rounds) / steps,
+            "round_wall_s": [r[0] for r in self.rounds],
+            "round_load": [r[2] for r in self.rounds],
             "ram_bytes": self.parts.embedding_bytes(),
             "table_bytes": self.table_bytes,
             "budget_bytes": self.budget if self.mode != "memory" else None,
@@ -252,21 +259,27 @@ def run_disk(a: argparse.Namespace) -> dict:
         r.run(batches[: a.warmup], timed=False)
     for k in range(a.rounds):
         part = batches[a.warmup + k * chunk : a.warmup + (k + 1) * chunk]
-        for r in runners:
-            r.run(part, timed=True)
+        for j in range(len(runners)):  # rotate the order every round
+            runners[(j + k) % len(runners)].run(part, timed=True)
     runs = [r.result(a.train_batch) for r in runners]
     for r in runners:
         r.close()
     del runners
     gc.collect()
     by = {r["mode"]: r for r in runs}
+
+    def paired(num: str, den: str) -> float:  # median over rounds of den's chunk time / num's: a throughput ratio
+        return float(np.median(np.array(by[den]["round_wall_s"]) / np.array(by[num]["round_wall_s"])))
+
     ratios = {}
     if "memory" in by:
         for m, r in by.items():
             if m != "memory":
                 ratios[f"{m}/memory throughput"] = r["samples_per_s"] / by["memory"]["samples_per_s"]
+                ratios[f"{m}/memory throughput (paired)"] = paired(m, "memory")
     if "disk" in by and "disk+prefetch" in by:
         ratios["step time prefetch/no-prefetch"] = by["disk+prefetch"]["median_step_s"] / by["disk"]["median_step_s"]
+        ratios["step time prefetch/no-prefetch (paired)"] = 1.0 / paired("disk+prefetch", "disk")
     keys = ("tables", "rows", "dim", "train_batch", "zipf", "budget_x", "cache_frac", "steps", "warmup", "rounds", "io_threads")
     return {"workload": {k: getattr(a, k) for k in keys}, "runs": runs, "ratios": ratios}
 
@@ -295,11 +308,11 @@ def _print(res: dict) -> None:
     if "disk" in res:
         d = res["disk"]
         print(f"\n### Disk tier: {d['workload']}\n")
-        print("| run | median step (s) | samples/s | on-demand hit rate | disk rows read/step | in lookup/step (s) | compute wait/step (s) |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| run | median step (s) | samples/s | CPU s/step | on-demand hit rate | disk rows read/step | in lookup/step (s) | compute wait/step (s) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in d["runs"]:
             print(
-                f"| {r['mode']} | {r['median_step_s']:.3f} | {r['samples_per_s']:,.0f} | {r.get('hit_rate_on_demand', float('nan')):.3f} "
+                f"| {r['mode']} | {r['median_step_s']:.3f} | {r['samples_per_s']:,.0f} | {r['cpu_s_per_step']:.3f} | {r.get('hit_rate_on_demand', float('nan')):.3f} "
                 f"| {r.get('disk_read_rows_per_step', 0):,.0f} | {r.get('lookup_s_per_step', 0):.3f} | {r.get('wait_s_per_step', 0):.3f} |"
             )
         for k, v in d["ratios"].items():

@@ -330,6 +330,9 @@ class PruneConfig:
     init_dim: int = 0  # dims of a newly inserted row; 0 = full
     min_dim: int = 0  # never prune a row below this many dims
     compact_free_fraction: float = 0.25  # compact a pool (shrink its tensors) when this much is free
+    # Forget rows pruned to no dims (index entry, chunk map, per-row state): they read as zeros like
+    # unknown ids, and come back as new rows when seen again.
+    evict_empty_rows: bool = True
     final_prune: bool = True  # prune once more after the last step, so the saved model meets the budget
 
     def __post_init__(self) -> None:

@@ -15,10 +15,10 @@ DIM, CHUNK = 8, 2
 CFG = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0)
 
 
-def _coll(kind: OptimizerKind, pruned: bool = True) -> EmbeddingCollection:
+def _coll(kind: OptimizerKind, pruned: bool = True, cfg: PruneConfig = CFG) -> EmbeddingCollection:
     opt = OptimizerConfig(kind=kind, lr=0.05)
     tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in ("a", "b")]
-    return EmbeddingCollection(tables, ["a", "b"], seed=1, group_factory=pruned_group_factory(CFG) if pruned else None)
+    return EmbeddingCollection(tables, ["a", "b"], seed=1, group_factory=pruned_group_factory(cfg) if pruned else None)
 
 
 def _train(coll: EmbeddingCollection, steps: int, seed: int) -> list[torch.Tensor]:
@@ -32,18 +32,24 @@ def _train(coll: EmbeddingCollection, steps: int, seed: int) -> list[torch.Tenso
     return outs
 
 
-@pytest.mark.parametrize("kind", [OptimizerKind.ROWWISE_ADAGRAD, OptimizerKind.ADAM])
-def test_round_trip_is_exact_and_training_continues_identically(kind: OptimizerKind) -> None:
-    a = _coll(kind)
+@pytest.mark.parametrize(
+    "kind, importance", [(OptimizerKind.ROWWISE_ADAGRAD, "gradient"), (OptimizerKind.ADAM, "frequency")]
+)
+def test_round_trip_is_exact_and_training_continues_identically(kind: OptimizerKind, importance: str) -> None:
+    # frequency importance has many ties: they are broken by id, not by row number, so a
+    # reloaded collection (rows renumbered table by table) decides exactly the same
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0, importance=importance)
+    a = _coll(kind, cfg=cfg)
     _train(a, 8, seed=0)
-    Pruner(a, CFG).step()
+    Pruner(a, cfg).step()
     _train(a, 3, seed=50)
     sd = a.state_dict()
     g = a.groups[0]
     # compact: each row's own dims only
-    assert sd["a.chunked.weights"].numel() == int(sd["a.dims"].sum()) < sd["a.ids"].numel() * DIM
+    assert sd["a.chunked.weights"].numel() == int(sd["a.dims"].sum()) <= sd["a.ids"].numel() * DIM
     assert sd["a.chunked.importance"].numel() * CHUNK == int(sd["a.dims"].sum())
-    b = _coll(kind)
+    assert int(sd["a.evicted_rows"]) + int(sd["b.evicted_rows"]) > 0
+    b = _coll(kind, cfg=cfg)
     b.load_state_dict(sd)
     sd2 = b.state_dict()
     assert sd.keys() == sd2.keys()
@@ -53,7 +59,7 @@ def test_round_trip_is_exact_and_training_continues_identically(kind: OptimizerK
     # both continue the same way: same outputs, same pruning decisions
     for x, y in zip(_train(a, 4, seed=9), _train(b, 4, seed=9)):
         assert torch.equal(x, y)
-    Pruner(a, CFG).step(), Pruner(b, CFG).step()
+    Pruner(a, cfg).step(), Pruner(b, cfg).step()
     sa, sb = a.state_dict(), b.state_dict()
     for k in sa:
         assert torch.equal(sa[k], sb[k]), k

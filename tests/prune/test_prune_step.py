@@ -65,7 +65,7 @@ def test_memory_budget_in_bytes() -> None:
 
 
 def test_important_rows_keep_more_dims() -> None:
-    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0)
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=3.0)
     coll = _coll(cfg)
     _train(coll, 30)
     Pruner(coll, cfg).step()
@@ -81,7 +81,7 @@ def test_important_rows_keep_more_dims() -> None:
 
 
 def test_frequency_importance_ignores_the_gradient() -> None:
-    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0, importance="frequency")
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=3.0, importance="frequency")
     coll = _coll(cfg)
     _train(coll, 30)
     Pruner(coll, cfg).step()
@@ -139,7 +139,7 @@ def test_compaction_keeps_every_row_and_state() -> None:
 
 
 def test_pruned_chunks_grow_back_when_the_row_becomes_important() -> None:
-    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=8.0, regrow_margin=1.0, decay=0.1)
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=8.0, regrow_margin=1.0, decay=0.1)
     coll = _coll(cfg)
     _train(coll, 10)
     pruner = Pruner(coll, cfg)
@@ -159,7 +159,7 @@ def test_pruned_chunks_grow_back_when_the_row_becomes_important() -> None:
 
 
 def test_no_regrowth_when_disabled() -> None:
-    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=8.0, regrow=False)
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=8.0, regrow=False)
     coll = _coll(cfg)
     _train(coll, 10)
     pruner = Pruner(coll, cfg)
@@ -168,6 +168,30 @@ def test_no_regrowth_when_disabled() -> None:
     _train(coll, 10, seed=5, weak_grad=100.0)
     assert pruner.step().regrown == 0
     assert (_group(coll).live_chunks()[: live.size] <= live).all()
+
+
+def test_rows_pruned_to_nothing_are_forgotten_and_come_back_as_new_rows() -> None:
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=4.0)
+    coll = _coll(cfg)
+    _train(coll, 20)
+    g = _group(coll)
+    rows_before, index_bytes, total = g.num_rows, g.index.nbytes(), coll.nbytes()
+    step = Pruner(coll, cfg).step()
+    assert g.evicted.sum() > 0 and g.num_rows == rows_before - g.evicted.sum()
+    assert (g.live_chunks() > 0).all()
+    assert g.index.nbytes() < index_bytes and coll.nbytes() < total
+    assert step.target_bytes == g.full_value_bytes() // 4  # evicted rows still count in the reference
+    # an evicted id reads as zeros at evaluation, and training inserts it again at full dim
+    kept = set(zip(g.index.row_tabs[: g.num_rows].tolist(), g.index.row_keys[: g.num_rows].tolist()))
+    gone = next(k for k in range(1, 401) if (0, k) not in kept)
+    sp = SparseFeatures.one_hot(("hot", "weak"), torch.tensor([[gone, gone]]))
+    coll.eval()
+    with torch.no_grad():
+        assert coll(sp)[0, 0].abs().sum() == 0
+    coll.train()
+    coll(sp).sum().backward()
+    row = int(g.lookup(np.array([gone]), np.array([0], dtype=np.int32), insert=False)[0])
+    assert row >= 0 and g.live_chunks(np.array([row]))[0] == DIM // CHUNK
 
 
 def test_selection_fills_the_budget_exactly_through_ties() -> None:
@@ -180,6 +204,10 @@ def test_selection_fills_the_budget_exactly_through_ties() -> None:
     a, b = np.array([[5.0, 1.0]], np.float32), np.array([[4.0, 3.0]], np.float32)
     counts, _ = select([a, b], [10, 20], 40)  # 5 (10 B) + 4 (20 B) fit, 3 does not
     assert [c.tolist() for c in counts] == [[1], [1]]
+    # a row's first chunk also pays for its per-row state: 9 + 5 and 8 + 5 fit in 27, not a third chunk
+    s2 = np.array([[9, 1], [8, 2]], dtype=np.float32)
+    assert select([s2], [10], 27, row_bytes=[4])[0][0].tolist() == [1, 0]
+    assert select([s2], [10], 28, row_bytes=[4])[0][0].tolist() == [1, 1]
 
 
 @pytest.mark.parametrize("kind", list(OptimizerKind))

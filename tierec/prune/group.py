@@ -73,6 +73,7 @@ class PrunedGroup(TableGroup):
         self.row_state = {n: torch.full((cap,), v) for n, v in self.row_state_init.items()}  # [R] each
         self.pruned = np.zeros(len(tables), dtype=np.int64)  # chunks pruned, per table
         self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
+        self.evicted = np.zeros(len(tables), dtype=np.int64)  # rows forgotten at dim 0, per table
         self.step = 0
 
     # ------------------------------------------------------------------ rows
@@ -213,6 +214,42 @@ class PrunedGroup(TableGroup):
         self.regrown += born_per_table
         return int(lost.sum()), int(grow.size)
 
+    def evict_empty_rows(self) -> int:
+        """Forget the rows left with no chunk: their index entry, chunk map, claim and per-row state.
+
+        Such a row reads as zeros, exactly as an unknown id; seen again in training it
+        comes back as a new row. The other rows keep their order (they are renumbered).
+        Returns the rows evicted.
+        """
+        n = self.num_rows
+        live = self.live_chunks()
+        keep = np.flatnonzero(live > 0)
+        if keep.size == n:
+            return 0
+        tabs = self.index.row_tabs[:n]
+        self.evicted += np.bincount(tabs[live == 0], minlength=len(self.tables))
+        index = HashIndex(initial_rows=max(int(keep.size * 1.25), 16))
+        if keep.size:
+            index.lookup(self.index.row_keys[keep].copy(), tabs[keep].astype(np.int32), insert=True)
+        cap, k = index.row_capacity, keep.size
+        cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)
+        cmap[:k] = self.cmap[keep]
+        next_imp = np.zeros(cap, dtype=np.float32)
+        next_imp[:k] = self.next_imp[keep]
+        t = torch.from_numpy(keep)
+        for name, st in self.row_state.items():
+            fresh = torch.full((cap,), self.row_state_init[name])
+            fresh[:k] = st[t]
+            self.row_state[name] = fresh
+        self.index, self.cmap, self.next_imp = index, cmap, next_imp
+        return n - k
+
+    def tie_keys(self) -> np.ndarray:  # [n_rows] uint64, a hash of (table, id): orders ties between rows
+        n = self.num_rows
+        out = np.empty(n, dtype=np.uint64)
+        kernels.tie_keys(self.index.row_keys[:n], self.index.row_tabs[:n], out)
+        return out
+
     def decay_importance(self, factor: float) -> None:
         self.chunks.importance *= np.float32(factor)
         self.next_imp[: self.num_rows] *= np.float32(factor)
@@ -244,9 +281,13 @@ class PrunedGroup(TableGroup):
     def row_state_bytes(self) -> int:  # bytes of per-row optimizer state of the rows (row-wise Adagrad)
         return self.num_rows * 4 * len(self.row_state)
 
-    def full_value_bytes(self) -> int:  # bytes a plain TableGroup holds for these rows: weights, optimizer state
+    def full_value_bytes(self) -> int:
+        """Bytes a plain TableGroup would hold for every row inserted (weights, optimizer state).
+
+        Evicted rows count (an id evicted and inserted again counts twice: an upper bound).
+        """
         per_dim = 1 + len(self.chunks.state)
-        return self.num_rows * 4 * (self.dim * per_dim + len(self.row_state))
+        return (self.num_rows + int(self.evicted.sum())) * 4 * (self.dim * per_dim + len(self.row_state))
 
     def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
         rows = self.cmap.nbytes + self.next_imp.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
@@ -260,7 +301,7 @@ class PrunedGroup(TableGroup):
         ``ids`` [n], ``dims`` [n] int32, ``chunked.weights`` [sum(dims)] (each row's
         prefix, rows in order), ``chunked.opt.<name>`` likewise for per-dim state,
         ``opt.<name>`` [n] per-row state, ``chunked.importance`` [sum(dims)/c],
-        ``next_importance`` [n], ``pruned_chunks`` / ``regrown_chunks`` counters.
+        ``next_importance`` [n], ``pruned_chunks`` / ``regrown_chunks`` / ``evicted_rows`` counters.
         """
         rows, ids = self.index.ids_of(t)
         live = self.live_chunks(rows)
@@ -274,6 +315,7 @@ class PrunedGroup(TableGroup):
             "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
             "pruned_chunks": torch.tensor(int(self.pruned[t])),
             "regrown_chunks": torch.tensor(int(self.regrown[t])),
+            "evicted_rows": torch.tensor(int(self.evicted[t])),
         }
         for n, s in self.chunks.state.items():
             out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_array(s, rows)[dmask])
@@ -312,3 +354,4 @@ class PrunedGroup(TableGroup):
             self.next_imp[rows] = sd["next_importance"].numpy()
             self.pruned[t] = int(sd["pruned_chunks"])
             self.regrown[t] = int(sd["regrown_chunks"])
+            self.evicted[t] = int(sd["evicted_rows"])

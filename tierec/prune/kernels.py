@@ -17,6 +17,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from tierec.embedding.kernels import key_hash
+
 
 @nb.njit(parallel=True, cache=True)
 def pool_forward(pw, cmap, rows, inverse, offsets, bag_scale, batch, out):
@@ -235,3 +237,10 @@ def live_chunks(cmap, n_rows, out):
         while live < n_pos and cmap[r, live] >= 0:
             live += 1
         out[r] = live
+
+
+@nb.njit(cache=True)
+def tie_keys(row_keys, row_tabs, out):
+    """out[r] = hash of row r's (table, id): an order for ties that survives renumbering."""
+    for r in range(out.shape[0]):
+        out[r] = key_hash(np.int32(row_tabs[r]), row_keys[r])

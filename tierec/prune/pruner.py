@@ -7,8 +7,9 @@ scores the row's claim to grow back divided by ``regrow_margin``; (2) picks the
 threshold that keeps the most important positions within the byte budget
 (``memory_budget``, or the unpruned pool bytes over ``target_ratio``); (3)
 frees the trailing chunks under it and grows back claimed ones, one chunk per
-row per step; (4) decays every importance; (5) compacts pools that are mostly
-free or over the budget, so the bytes really fall.
+row per step; (4) decays every importance and forgets rows left with no chunk
+(``evict_empty_rows``); (5) compacts pools that are mostly free or over the
+budget, so the bytes really fall.
 
 >>> from tierec.config import PruneConfig
 >>> from tierec.embedding import EmbeddingCollection, TableConfig
@@ -87,18 +88,24 @@ class Pruner:
     def step(self) -> PruneStep:
         cfg = self.cfg
         target = self.target_bytes()
-        pool_target = target - sum(g.row_state_bytes() for g in self.groups)
+        # per-row state is paid by every row kept; with eviction only rows keeping a chunk are kept
+        evict = cfg.evict_empty_rows
+        pool_target = target if evict else target - sum(g.row_state_bytes() for g in self.groups)
+        row_bytes = [g.row_state_bytes() // max(g.num_rows, 1) if evict else 0 for g in self.groups]
         # 1. keep-scores of every chunk position, per group
         scores = [g.keep_scores(cfg.min_dim // cfg.chunk, cfg.regrow, cfg.regrow_margin) for g in self.groups]
         # 2. the most important positions that fit, across all groups
-        counts, tau = select(scores, [g.chunks.bytes_per_chunk() for g in self.groups], pool_target)
+        sizes = [g.chunks.bytes_per_chunk() for g in self.groups]
+        counts, tau = select(scores, sizes, pool_target, [g.tie_keys() for g in self.groups], row_bytes)
         pruned = regrown = 0
         for g, c in zip(self.groups, counts):
             # 3. free trailing chunks under the threshold, grow back claimed ones
             p, r = g.apply_counts(c)
             pruned, regrown = pruned + p, regrown + r
-            # 4. decay
+            # 4. decay; forget rows left empty
             g.decay_importance(cfg.decay)
+            if cfg.evict_empty_rows:
+                g.evict_empty_rows()
         # 5. compact pools that are mostly free, or all of them while over the budget
         over = self.allocated_value_bytes() > target
         for g in self.groups:
@@ -139,23 +146,36 @@ class Pruner:
             "dim_hist": dict(sorted(hist.items())),
             "pruned_chunks": pruned,
             "regrown_chunks": regrown,
+            "evicted_rows": int(sum(g.evicted.sum() for g in self.groups)),
             "compactions": self.compactions,
         }
 
 
-def select(scores: list[np.ndarray], chunk_bytes: list[int], budget: int) -> tuple[list[np.ndarray], float]:
+def select(
+    scores: list[np.ndarray],
+    chunk_bytes: list[int],
+    budget: int,
+    tie_keys: list[np.ndarray] | None = None,
+    row_bytes: list[int] | None = None,
+) -> tuple[list[np.ndarray], float]:
     """Chunks to keep per row ``[n_rows]`` for each group, and the threshold.
 
     Keeps the highest-scoring positions (``scores[g]`` is ``[n_rows, K]``, non-increasing
     along each row, -inf = may not be kept, +inf = must be kept) whose bytes fit in
-    ``budget``; ties at the threshold are filled in row order, so the budget is met
-    exactly. Each row keeps a prefix.
+    ``budget``; a position costs ``chunk_bytes[g]``, and a row's first one also
+    ``row_bytes[g]`` (per-row state that goes when a row keeps nothing). Ties at the threshold are filled in the order of ``tie_keys[g]`` ([n_rows],
+    a hash of each row's id, so decisions do not depend on row numbering; default: row
+    order), so the budget is met exactly. Each row keeps a prefix.
     """
+    if tie_keys is None:
+        tie_keys = [np.arange(s.shape[0], dtype=np.uint64) for s in scores]
+    row_bytes = row_bytes or [0] * len(scores)
     cand = [s > -np.inf for s in scores]
-    if sum(int(c.sum()) * b for c, b in zip(cand, chunk_bytes)) <= budget:
+    need = sum(int(c.sum()) * b + int(c[:, 0].sum()) * rb for c, b, rb in zip(cand, chunk_bytes, row_bytes))
+    if need <= budget:
         return [c.sum(axis=1) for c in cand], -np.inf
-    if len(set(chunk_bytes)) > 1:
-        return _select_sorted(scores, chunk_bytes, budget)
+    if len(set(chunk_bytes)) > 1 or any(row_bytes):
+        return _select_sorted(scores, chunk_bytes, budget, tie_keys, row_bytes)
     k = max(budget // chunk_bytes[0], 0)  # positions that fit
     values = np.concatenate([s[c] for s, c in zip(scores, cand)])
     must = int((values == np.inf).sum())
@@ -164,22 +184,35 @@ def select(scores: list[np.ndarray], chunk_bytes: list[int], budget: int) -> tup
     tau = np.partition(values, values.size - k)[values.size - k]  # the k-th largest
     counts = [(s > tau).sum(axis=1) for s in scores]
     spare = k - sum(int(c.sum()) for c in counts)
-    for s, c in zip(scores, counts):  # ties: whole prefixes, rows in order
-        if spare <= 0:
-            break
-        ties = (s == tau).sum(axis=1)
-        before = np.cumsum(ties) - ties
-        take = np.clip(spare - before, 0, ties)
-        c += take
-        spare -= int(take.sum())
+    # ties: whole prefixes of tied positions, rows in tie-key order across all groups
+    ties = [(s == tau).sum(axis=1) for s in scores]
+    tied = [(g, r) for g, t in enumerate(ties) for r in [np.flatnonzero(t)]]
+    g_of = np.concatenate([np.full(r.size, g) for g, r in tied])
+    r_of = np.concatenate([r for _, r in tied])
+    n_of = np.concatenate([ties[g][r] for g, r in tied])
+    order = np.argsort(np.concatenate([tie_keys[g][r] for g, r in tied]), kind="stable")
+    before = np.cumsum(n_of[order]) - n_of[order]
+    take = np.clip(spare - before, 0, n_of[order])
+    for g in range(len(scores)):
+        sel = g_of[order] == g
+        np.add.at(counts[g], r_of[order][sel], take[sel])
     return counts, float(tau)
 
 
-def _select_sorted(scores: list[np.ndarray], chunk_bytes: list[int], budget: int) -> tuple[list[np.ndarray], float]:
-    """Groups of different chunk sizes: greedy over one stable sort (row, then position order for ties)."""
+def _select_sorted(
+    scores: list[np.ndarray], chunk_bytes: list[int], budget: int, tie_keys: list[np.ndarray], row_bytes: list[int]
+) -> tuple[list[np.ndarray], float]:
+    """Positions of unequal cost: greedy over one sort by (score desc, tie key, position)."""
     flat = np.concatenate([s.ravel() for s in scores])
-    sizes = np.repeat(np.array(chunk_bytes, dtype=np.int64), [s.size for s in scores])
-    order = np.argsort(-flat, kind="stable")
+    cost = []
+    for s, b, rb in zip(scores, chunk_bytes, row_bytes):
+        c = np.full(s.shape, b, dtype=np.int64)
+        c[:, 0] += rb
+        cost.append(c.ravel())
+    sizes = np.concatenate(cost)
+    keys = np.concatenate([np.repeat(t, s.shape[1]) for s, t in zip(scores, tie_keys)])
+    pos = np.concatenate([np.tile(np.arange(s.shape[1]), s.shape[0]) for s in scores])
+    order = np.lexsort((pos, keys, -flat))
     v = flat[order]
     keep_sorted = ((np.cumsum(sizes[order]) <= budget) | (v == np.inf)) & (v > -np.inf)
     keep = np.zeros(flat.size, dtype=bool)

@@ -334,6 +334,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--traffic-world", type=int, default=4)
     p.add_argument("--worlds", default="1,2,4", help="process counts for the step-time section")
     p.add_argument("--sections", default="traffic,time,overlap,torchrec")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of the timed jobs (medians reported)")
     p.add_argument("--out", default="runs/bench/distributed.json")
     return p
 
@@ -350,35 +351,61 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def job(worker, world, variant):
-        r = run_job(worker, world, a, variant)
+        try:
+            r = run_job(worker, world, a, variant)
+        except Exception as e:  # reported, never silently skipped
+            rows.append({"name": variant["name"], "world": world, "error": f"{type(e).__name__}: {e}"[:300]})
+            return
         rows.append(r)
         print(f"  {r['name']:<24} W={world}  step {r['step_s'] * 1e3:8.1f} ms  bytes/rank/step {r['bytes_tierec']:>12,.0f} "
               f"(wire {r['bytes_wire']:>12,.0f})  ids exposed {r['ids_exposed_s'] * 1e3:.2f} ms  load {r['load_avg']:.1f}",
               file=sys.stderr, flush=True)
-        return r
 
-    if "traffic" in sections:
+    if "traffic" in sections:  # bytes do not depend on timing: once is enough
         for name, s in (("naive", ["dist.dedupe=false"]), ("dedup", []), ("dedup+hot", hot)):
             job(tierec_worker, tw, {"name": name, "set": s})
+    timed = []
     if "time" in sections:
-        for w in worlds:
-            job(tierec_worker, w, {"name": "tierec (1 process)" if w == 1 else "tierec sharded", "set": []})
+        timed += [(tierec_worker, w, {"name": "tierec (1 process)" if w == 1 else "tierec sharded", "set": []})
+                  for w in worlds]
     if "overlap" in sections:
-        for w in [x for x in worlds if x > 1]:
-            for ov in (False, True):
-                job(tierec_worker, w, {"name": f"overlap={'on' if ov else 'off'}", "set": hot + [f"dist.overlap={str(ov).lower()}"]})
+        timed += [(tierec_worker, w, {"name": f"overlap={'on' if ov else 'off'}",
+                                      "set": hot + [f"dist.overlap={str(ov).lower()}"]})
+                  for w in worlds if w > 1 for ov in (False, True)]
     if "torchrec" in sections:
-        for w in worlds:
-            try:
-                job(torchrec_worker, w, {"name": "torchrec-rw"})
-            except Exception as e:  # reported, never silently skipped
-                rows.append({"name": "torchrec-rw", "world": w, "error": f"{type(e).__name__}: {e}"[:300]})
+        timed += [(torchrec_worker, w, {"name": "torchrec-rw"}) for w in worlds]
+    # Other processes share the machine: every repeat runs each job once, in a rotated
+    # order, and the medians over repeats are reported.
+    for rep in range(args.repeats):
+        k = rep % max(len(timed), 1)
+        for worker, w, variant in timed[k:] + timed[:k]:
+            job(worker, w, {**variant, "repeat": rep})
+    rows = _median_over_repeats(rows)
     results["rows"] = rows
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(report(results))
     return 0
+
+
+def _median_over_repeats(rows: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["name"], r["world"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            out.append(rs[0])
+            continue
+        m = dict(ok[0])
+        for key in ("step_s", "ids_exposed_s", "load_avg"):
+            m[key] = statistics.median(r[key] for r in ok)
+        m["step_s_all"] = [r["step_s"] for r in ok]
+        m["repeats"] = len(ok)
+        out.append(m)
+    return out
 
 
 def report(results: dict[str, Any]) -> str:
@@ -400,12 +427,14 @@ def report(results: dict[str, Any]) -> str:
         out.append(f"Bytes sent per step per rank, {tw} processes (KiB; sparse part, plus DDP's dense all-reduce apart)\n")
         out.append(markdown_table(["variant", "sparse, mean rank", "sparse, busiest rank", "naive / this", "ids",
                                    "rows", "grads", "hot all-reduce", "refresh", "dense (DDP)"], table))
-    timing = [r for r in rows if not r["name"].startswith("overlap=")]
+    timing = [r for r in rows if r["name"] in ("tierec (1 process)", "tierec sharded", "torchrec-rw")]
     if timing:
         out.append("\nStep time (median ms; global batch fixed, split between the processes; 1-minute load average)\n")
-        out.append(markdown_table(["system", "processes", "step ms", "samples/s", "load"],
-                                  [[r["name"], r["world"], r["step_s"] * 1e3, results["args"]["batch"] / r["step_s"], r["load_avg"]]
-                                   for r in sorted(timing, key=lambda r: (r["world"], r["name"]))]))
+        out.append(markdown_table(
+            ["system", "processes", "step ms (median)", "each repeat", "samples/s", "load"],
+            [[r["name"], r["world"], r["step_s"] * 1e3, " / ".join(f"{x * 1e3:.0f}" for x in r.get("step_s_all", [r["step_s"]])),
+              results["args"]["batch"] / r["step_s"], r["load_avg"]]
+             for r in sorted(timing, key=lambda r: (r["world"], r["name"]))]))
     ov = [r for r in rows if r["name"].startswith("overlap=")]
     if ov:
         table = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -56,8 +58,12 @@ def test_host_tier_reuses_low_slots() -> None:
     assert h.alloc(10).tolist() == list(range(10)) and h.high == 2000
 
 
-def test_disk_tier_appends_reads_and_compacts(tmp_path) -> None:
-    d = DiskTier(str(tmp_path), width=3, segment_rows=8, io_threads=4)
+@pytest.mark.parametrize("reads", ["direct", "buffered", "cached"])
+def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
+    d = DiskTier(str(tmp_path), width=3, segment_rows=8, io_threads=4, drop_cache=reads != "cached")
+    if reads == "buffered" and d.dfd >= 0:  # the fallback where O_DIRECT is refused
+        os.close(d.dfd)
+        d.dfd = -1
     g = np.random.default_rng(1)
     where = {}  # lid -> (slot, record)
     for step in range(40):

@@ -10,11 +10,14 @@ rewrites the live records of the emptiest segment when dead space exceeds the
 live data (the lid in each record tells the caller whose home moved).
 
 Reads are random ``pread`` calls issued from numba kernels that release the
-GIL, from several threads at once (the device's queue depth), with adjacent
-slots merged into one call. Pages are dropped from the page cache
-(``POSIX_FADV_DONTNEED``) right after they are read, and written pages once
-written back, so the kernel does not quietly keep the table in RAM and disk
-reads in benchmarks are real.
+GIL, from several threads at once (the device's queue depth). They go through
+an ``O_DIRECT`` descriptor, so they never enter the page cache: each read is
+the aligned 512-byte span around its records, and records less than 16 KiB
+apart share one read (fewer requests for a few more bytes). Appends are
+synced and their pages dropped (``POSIX_FADV_DONTNEED``). So the kernel does
+not quietly keep the table in RAM, and disk reads in benchmarks are real.
+Where O_DIRECT is refused (tmpfs), reads are buffered, readahead is turned
+off and each read's pages are dropped at once.
 
 The file is unlinked as soon as it is opened: it disappears with the process.
 
@@ -48,6 +51,9 @@ _fadvise.restype = ctypes.c_int
 _fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
 _DONTNEED = os.POSIX_FADV_DONTNEED
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_DIRECT_ALIGN = 512  # O_DIRECT offsets, lengths and buffers: multiples of the logical block size
+_DIRECT_CHUNK = 1 << 16  # bytes per O_DIRECT read call at most
+_DIRECT_GAP = 16384  # records closer than this share one O_DIRECT read: fewer requests, a few more bytes
 
 
 @nb.njit(nogil=True)  # not cached: it calls ctypes functions by address
@@ -75,6 +81,58 @@ def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out, drop):
     return 0
 
 
+@nb.njit(nogil=True)  # not cached: it calls a ctypes function by address
+def _pread_spans(fd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, rec_bytes, out_bytes, scratch, s_off, cap):
+    """Read aligned spans through an O_DIRECT descriptor (no page cache at all); copy out their runs.
+
+    Span s covers bytes [span_lo[s], span_hi[s]) (multiples of the alignment)
+    and holds runs span_run[s] .. span_run[s + 1] - 1, read ``cap`` bytes at a
+    time into the aligned part of ``scratch`` (from ``s_off``). 0, or -1 when
+    a read comes back short of a record.
+    """
+    sptr = scratch.ctypes.data + s_off
+    for sp in range(span_lo.shape[0]):
+        pos = span_lo[sp]
+        hi = span_hi[sp]
+        want = 0
+        copied = 0
+        for r in range(span_run[sp], span_run[sp + 1]):
+            want += run_len[r] * rec_bytes
+        while pos < hi:
+            n = min(cap, hi - pos)
+            got = _pread(fd, sptr, n, pos)
+            if got <= 0:
+                break
+            for r in range(span_run[sp], span_run[sp + 1]):
+                start = run_slot[r] * rec_bytes
+                end = start + run_len[r] * rec_bytes
+                a = max(pos, start)
+                b = min(pos + got, end)
+                if a < b:
+                    dst = run_dst[r] * rec_bytes + a - start
+                    for i in range(b - a):
+                        out_bytes[dst + i] = scratch[s_off + a - pos + i]
+                    copied += b - a
+            pos += n
+        if copied != want:
+            return -1
+    return 0
+
+
+def _spans(run_slot: np.ndarray, run_len: np.ndarray, rec_bytes: int, align: int, gap: int) -> tuple[np.ndarray, ...]:
+    """Aligned byte spans covering the runs; runs closer than ``gap`` bytes share one span (one request)."""
+    start = run_slot * rec_bytes
+    end = start + run_len * rec_bytes
+    lo = start - start % align
+    hi = end + (align - end % align) % align
+    new = np.ones(lo.shape[0], dtype=bool)
+    new[1:] = lo[1:] > hi[:-1] + gap
+    first = np.flatnonzero(new)
+    span_run = np.append(first, lo.shape[0]).astype(np.int64)
+    span_hi = np.maximum.reduceat(hi, first) if first.size else hi[:0]
+    return lo[first], span_hi, span_run
+
+
 def _runs(sorted_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first slot, length, position in the sorted list) of each run of consecutive slots."""
     n = sorted_slots.shape[0]
@@ -95,8 +153,15 @@ class DiskTier:
     ) -> None:
         os.makedirs(directory, exist_ok=True)
         fd, path = tempfile.mkstemp(dir=directory, prefix="tierec-", suffix=".rows")
+        # Reads bypass the page cache (O_DIRECT) when the file system allows it; writes are buffered.
+        try:
+            self.dfd = os.open(path, os.O_RDONLY | os.O_DIRECT) if drop_cache and hasattr(os, "O_DIRECT") else -1
+        except OSError:  # e.g. tmpfs: fall back to dropping pages after each read
+            self.dfd = -1
         os.unlink(path)
         self.fd = fd
+        if drop_cache:  # the buffered fallback reads exactly the pages it needs
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.path = path
         self.width = width  # float32 of payload per record
         self.rec_floats = width + 1  # plus the lid header
@@ -207,22 +272,33 @@ class DiskTier:
         buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
         run_slot, run_len, run_dst = _runs(uniq)
         chunks = self._split(run_len)
-        drop = self.drop_cache_after_io
-        if len(chunks) == 1:
-            status = [_pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, drop)]
-        else:
-            pool = self._executor()
-            status = list(
-                pool.map(
-                    lambda c: _pread_runs(self.fd, run_slot[c], run_len[c], run_dst[c], self.rec_bytes, buf, drop), chunks
-                )
-            )
+        status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
+        if min(status) < 0 and self.dfd >= 0:  # O_DIRECT refused at read time: buffered from now on
+            os.close(self.dfd)
+            self.dfd = -1
+            status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
         if min(status) < 0:
             raise OSError(f"short read from the disk tier file {self.path}")
         self.bytes_read += buf.nbytes
         dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
         out[order] = buf[dup]
         return out
+
+    def _read_runs(self, run_slot: np.ndarray, run_len: np.ndarray, run_dst: np.ndarray, buf: np.ndarray) -> int:
+        if self.dfd >= 0:
+            span_lo, span_hi, span_run = _spans(run_slot, run_len, self.rec_bytes, _DIRECT_ALIGN, _DIRECT_GAP)
+            scratch = np.empty(_DIRECT_CHUNK + _DIRECT_ALIGN, dtype=np.uint8)
+            s_off = (-scratch.ctypes.data) % _DIRECT_ALIGN
+            out_bytes = buf.reshape(-1).view(np.uint8)
+            return _pread_spans(
+                self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes, out_bytes, scratch, s_off, _DIRECT_CHUNK
+            )
+        return _pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, self.drop_cache_after_io)
+
+    def _map(self, fn, chunks: list[np.ndarray]) -> list[int]:
+        if len(chunks) == 1:
+            return [fn(chunks[0])]
+        return list(self._executor().map(fn, chunks))
 
     def _split(self, run_len: np.ndarray) -> list[np.ndarray]:
         """Runs split into up to io_threads chunks of about equal rows."""
@@ -290,3 +366,6 @@ class DiskTier:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.dfd >= 0:
+            os.close(self.dfd)
+            self.dfd = -1

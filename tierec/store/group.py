@@ -106,10 +106,10 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.weights = torch.empty(self.capacity + 1, self.dim, device=self.device)
         self.weights[ZERO_SLOT].zero_()
         self.state = new_state(self.optimizer, self.capacity + 1, self.dim, self.device)
-        self.slot_lid = np.full(self.capacity + 1, -1, dtype=np.int64)  # [C+1] lid in each slot
+        self.slot_lid = np.full(self.capacity + 1, -1, dtype=np.int32)  # [C+1] lid in each slot
         self.pin = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
         self.dirty = np.zeros(self.capacity + 1, dtype=bool)  # [C+1] changed since it came up
-        self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int64)  # stack, slot 1 on top
+        self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
         self._n_free_slots = self.capacity
         host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.record_width)
         self.host = HostTier(self.record_width, host_rows) if host_rows != 0 else None
@@ -275,7 +275,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._evict(short, short + slack, steal, best_effort)
             n = min(n, self._n_free_slots)
         top = self._n_free_slots
-        slots = self._free_slots[top - n : top][::-1].copy()
+        slots = self._free_slots[top - n : top][::-1].astype(np.int64)
         self._n_free_slots = top - n
         return slots
 

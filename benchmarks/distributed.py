@@ -346,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = set(args.sections.split(","))
     worlds = [int(x) for x in args.worlds.split(",")]
     tw = args.traffic_world
-    results: dict[str, Any] = {"args": vars(args), "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                                "torch": torch.__version__}}
+    results: dict[str, Any] = {"args": vars(args), "machine": {
+        "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default: active spinning)")}}
     rows: list[dict] = []
 
     def job(worker, world, variant):

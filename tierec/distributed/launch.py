@@ -27,7 +27,9 @@ import torch.distributed as dist
 from tierec.config import Config, DistConfig
 from tierec.distributed.context import DistContext
 
-_PRELOAD = ["torch", "torch.distributed", "tierec.distributed.sharded", "tierec.train.trainer"]
+# What every job imports, loaded once into the fork server. torch._dynamo is imported
+# lazily by the first torch.optim optimizer and costs seconds.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "tierec.distributed.trainer"]
 
 
 def strip_nproc(argv: list[str]) -> list[str]:
@@ -58,9 +60,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, cfg: DistConfig, fn: Callable, args: tuple, env: dict[str, str]) -> None:
+def _entry(
+    rank: int, world: int, port: int, cfg: DistConfig, fn: Callable, args: tuple, env: dict[str, str], log_dir: str | None
+) -> None:
     from tierec.distributed.context import init_distributed
 
+    if log_dir is not None:  # like torchrun --redirects 3: this rank's stdout and stderr to a file
+        log = open(Path(log_dir) / f"rank{rank}.log", "w", buffering=1)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
     os.environ.update(env)
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
@@ -82,10 +90,12 @@ def spawn(
     env: dict[str, str] | None = None,
     timeout_s: float = 120.0,
     check: bool = True,
+    log_dir: str | Path | None = None,
 ) -> list[int]:
     """Run ``fn(ctx, *args)`` on ``nprocs`` fresh local processes (gloo); returns their exit codes.
 
-    With ``check`` a non-zero exit raises. Unlike torch.multiprocessing's join, a
+    With ``check`` a non-zero exit raises; with ``log_dir`` rank r's output goes to
+    ``log_dir/rank{r}.log``. Unlike torch.multiprocessing's join, a
     failed process does not get the others killed: they must notice by
     themselves (what the fault tests check). ``fn`` must be importable by name.
     Processes come from a fork server that has imported torch and tierec once
@@ -96,7 +106,8 @@ def spawn(
     port = free_port()
     mpc = multiprocessing.get_context("forkserver")
     mpc.set_forkserver_preload(_PRELOAD)
-    procs = [mpc.Process(target=_entry, args=(r, nprocs, port, cfg, fn, args, env or {})) for r in range(nprocs)]
+    logs = None if log_dir is None else str(log_dir)
+    procs = [mpc.Process(target=_entry, args=(r, nprocs, port, cfg, fn, args, env or {}, logs)) for r in range(nprocs)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

@@ -30,19 +30,24 @@ def make_tables() -> list[TableConfig]:
 
 
 def make_batches(n: int = STEPS, seed: int = 0) -> list[tuple[SparseFeatures, torch.Tensor]]:
-    """Skewed multi-hot batches (a few ids take most accesses) and a fixed loss weight per sample."""
+    """Skewed multi-hot batches (a few ids take most accesses) and a fixed loss weight per sample.
+
+    The last training batch and the evaluation batch (the last) have 3 samples,
+    so at 4 ranks one rank's slice is empty.
+    """
     rng = np.random.default_rng(seed)
     out = []
-    for _ in range(n + 1):  # the last one is for evaluation
+    for i in range(n + 1):  # the last one is for evaluation
+        size = 3 if i >= n - 1 else GLOBAL_BATCH
         ids = []
         for f in FEATURES:
             per = []
-            for _ in range(GLOBAL_BATCH):
+            for _ in range(size):
                 k = int(rng.integers(0, 4)) if f == "c" else 1
                 per.append([int(np.exp(rng.uniform(0, np.log(300)))) for _ in range(k)])
             ids.append(per)
         sp = SparseFeatures.from_lists(list(FEATURES), ids)
-        weight = torch.from_numpy(rng.standard_normal((GLOBAL_BATCH, len(FEATURES), 4)).astype(np.float32))
+        weight = torch.from_numpy(rng.standard_normal((size, len(FEATURES), 4)).astype(np.float32))
         out.append((sp, weight))
     return out
 
@@ -51,7 +56,7 @@ def reference(batches) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One process: the state after training on the global batches, and the eval output."""
     coll = EmbeddingCollection(make_tables(), FEATURES, seed=3)
     for sp, w in batches[:-1]:
-        loss = (coll(sp) * w).sum() / GLOBAL_BATCH
+        loss = (coll(sp) * w).sum() / sp.batch_size
         loss.backward()
     coll.eval()
     with torch.no_grad():
@@ -63,14 +68,15 @@ def collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, 
     """Train a sharded collection on this rank's slices; save its shard and its eval output."""
     batches = make_batches()
     w = ctx.world_size
-    lo, hi = slice_bounds(GLOBAL_BATCH, w, ctx.rank)
-    local = [slice_sparse(sp, lo, hi) for sp, _ in batches]
+    bounds = [slice_bounds(sp.batch_size, w, ctx.rank) for sp, _ in batches]
+    local = [slice_sparse(sp, lo, hi) for (sp, _), (lo, hi) in zip(batches, bounds)]
     for name, over in variants:
         coll = ShardedEmbeddingCollection.build(make_tables(), FEATURES, ctx, DistConfig(**over), seed=3)
         for s in range(STEPS):
             if s + 1 < STEPS:
                 coll.prefetch(local[s + 1])
-            loss = (coll(local[s]) * batches[s][1][lo:hi]).sum() / GLOBAL_BATCH * w
+            lo, hi = bounds[s]
+            loss = (coll(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
             loss.backward()
         hot = coll.hot_rows()
         coll.eval()

@@ -90,7 +90,7 @@ class _Served:
 class _GroupShard:
     """The sharded exchange of one table group: owner shard, hot replica, traffic counters."""
 
-    def __init__(self, plan: _GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic) -> None:
+    def __init__(self, plan: _GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
         self.plan = plan
         self.owner: TableGroup = plan.group
         self.n_tables = len(self.owner.tables)
@@ -100,6 +100,7 @@ class _GroupShard:
         self.hot = HotReplica(self.owner, ctx, cfg, traffic)
         self._dedupe = Deduper()
         self.steps = 0  # training steps this group has taken (drives the hot refresh)
+        self.counts_steps = counts_steps  # this group advances traffic.steps
 
     def owner_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         return owner_of(keys, tabs, self.ctx.world_size)
@@ -182,7 +183,8 @@ class _GroupShard:
         self.owner.update(served.owner_rows.to(self.owner.device), summed.to(self.owner.device))
         self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1
-        self.traffic.steps = max(self.traffic.steps, self.steps)
+        if self.counts_steps:  # one step per collection, not per group
+            self.traffic.steps += 1
         if self.hot.enabled and self.steps % self.cfg.hot_refresh_every == 0:
             self.hot.refresh(self.owner_of)
 
@@ -192,7 +194,7 @@ class _ShardedPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor: Tensor, shard: _GroupShard, served: _Served, emb: Tensor, layout: BagLayout) -> Tensor:
-        out = _pool(emb, layout)
+        out = _pool(emb, layout, len(shard.plan.features))
         ctx.args = (shard, served, layout)
         return out
 
@@ -202,16 +204,19 @@ class _ShardedPool(torch.autograd.Function):
         u = served.request.keys.shape[0]
         grad = torch.zeros(u, shard.owner.dim)  # [U, D]
         dim = shard.owner.dim
-        pool_backward(grad_out.contiguous().numpy(), layout.inverse, layout.offsets, layout.scale, layout.batch,
-                      backward_chunks(dim), grad.numpy())
+        if layout.batch:
+            pool_backward(grad_out.contiguous().numpy(), layout.inverse, layout.offsets, layout.scale, layout.batch,
+                          backward_chunks(dim), grad.numpy())
         if shard.ctx.world_size > 1:
             grad.mul_(1.0 / shard.ctx.world_size)
         shard.backward(served, grad)
         return None, None, None, None, None
 
 
-def _pool(emb: Tensor, layout: BagLayout) -> Tensor:  # emb [U, D] -> [B, F_g, D]
-    out = torch.empty(layout.batch, layout.n_features, emb.shape[1])
+def _pool(emb: Tensor, layout: BagLayout, n_features: int) -> Tensor:  # emb [U, D] -> [B, F_g, D]
+    out = torch.empty(layout.batch, n_features, emb.shape[1])
+    if layout.batch == 0:  # an empty slice (a global batch smaller than the job): nothing to pool
+        return out
     rows = np.arange(emb.shape[0], dtype=np.int64)
     pool_forward(emb.numpy(), rows, layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy())
     return out
@@ -239,7 +244,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.feature_names = local.feature_names
         self.tables = local.tables
         self.traffic = Traffic()
-        self.shards = [_GroupShard(plan, ctx, cfg, self.traffic) for plan in self.local._plans]
+        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local._plans)]
         self._pending: deque[_Pending] = deque()
         self._anchor = torch.zeros((), requires_grad=True)
 
@@ -261,6 +266,8 @@ class ShardedEmbeddingCollection(nn.Module):
     # ------------------------------------------------------------- forward
 
     def _group_keys(self, shard: _GroupShard, sparse: SparseFeatures):
+        if sparse.batch_size == 0:  # this rank's slice of a global batch smaller than the job
+            return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32)
         values, offsets, lengths = _group_inputs(sparse, shard.plan.features)
         tabs = np.repeat(shard.plan.feature_table, lengths)
         return values.numpy(), offsets.numpy(), tabs
@@ -342,7 +349,7 @@ class ShardedEmbeddingCollection(nn.Module):
             if train:
                 outs.append(_ShardedPool.apply(self._anchor, shard, served, emb, layout))
             else:
-                outs.append(_pool(emb, layout))
+                outs.append(_pool(emb, layout, len(shard.plan.features)))
         self._advance_pending()
         return outs
 

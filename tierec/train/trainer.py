@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,16 @@ class Trainer:
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
 
         # 2. loop over steps
-        bar = tqdm(total=total, initial=pos.step, disable=not (cfg.train.progress and self.is_main), unit="step", dynamic_ncols=True)
+        # A terminal gets a live bar; a log file gets a line every 30 s at most.
+        interactive = sys.stderr.isatty()
+        bar = tqdm(
+            total=total,
+            initial=pos.step,
+            disable=not (cfg.train.progress and self.is_main),
+            unit="step",
+            dynamic_ncols=interactive,
+            mininterval=0.5 if interactive else 30.0,
+        )
         samples, busy, last_loss = 0, 0.0, float("nan")
         done = pos.step >= total
         while not done:
@@ -127,7 +137,7 @@ class Trainer:
                     pos.batch_in_epoch += 1
                     rate = samples / max(busy, 1e-9)
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=parts.embedding_rows(), **_prune_postfix(parts), **store.postfix())
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{parts.embedding_rows():,}", refresh=False, **_prune_postfix(parts), **store.postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
                     if pos.step % 50 == 0 or pos.step == total:

@@ -22,7 +22,8 @@ def test_resident_memory_stays_within_the_budget(tmp_path) -> None:
     assert res["table_bytes"] >= 4 * res["budget_bytes"] * 0.99
     assert res["rows_disk"] >= 0.7 * res["rows"]  # most of the table really lives on disk
     assert res["rows_cache"] + res["rows_host"] <= res["budget_bytes"] // res["record_bytes"]
-    # The stated bound: budget + directory (bytes per known id) + a fixed allowance.
-    bound = res["budget_bytes"] + res["directory_bytes"] + res["allowance_bytes"]
+    # The stated bound: budget + bookkeeping (directory, slot metadata) + the allowance.
+    bound = res["budget_bytes"] + res["bookkeeping_bytes"] + res["allowance_bytes"]
     assert res["peak_rss_growth_bytes"] <= bound, res
+    assert res["bookkeeping_bytes"] <= res["directory_bytes"] + 24 * res["rows"] // 4  # a few bytes per slot besides
     assert res["within_budget"]

@@ -158,6 +158,11 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     from tierec.train.trainer import Trainer
 
     counter = WireCounter().install()
+    if variant.get("threads"):
+        import numba
+
+        torch.set_num_threads(variant["threads"])
+        numba.set_num_threads(variant["threads"])
     cfg = load_config(None, _overrides(a) + variant.get("set", []))
     source = open_source(cfg.data, "train", cfg.train.batch_size)
     batches = list(islice(iter(source), a["warmup"] + a["steps"] + 1))
@@ -165,7 +170,7 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     trainer = DistributedTrainer(cfg, run, ctx) if ctx.is_distributed else Trainer(cfg, run)
     parts = trainer._build(source)
     colls = trainer._collections(parts) if ctx.is_distributed else []
-    times = []
+    times, cpu = [], []
     for i in range(a["warmup"] + a["steps"]):
         if i == a["warmup"]:
             for c in colls:
@@ -174,9 +179,10 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
         trainer._upcoming = batches[i + 1]
         if ctx.is_distributed:
             dist.barrier(group=ctx.dense_group)  # each step timed from a common start
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer._step(parts, batches[i])
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     if ctx.is_distributed:
         trainer.close()
     steps = a["steps"]
@@ -188,6 +194,7 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
         exposed += c.traffic.seconds.get("ids", 0.0) / steps
     record = {
         "step_s": times[a["warmup"] :],
+        "cpu_s": cpu[a["warmup"] :],
         "bytes_by_kind": kinds,
         "bytes_tierec": sum(kinds.values()),
         "bytes_wire": counter.bytes / steps,
@@ -261,21 +268,23 @@ def torchrec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
     dense_params = [p for n, p in dmp.named_parameters() if "ebc" not in n]
     opt = torch.optim.Adam(dense_params, lr=cfg.train.dense_lr)
-    times = []
+    times, cpu = [], []
     for i in range(a["warmup"] + a["steps"]):
         if i == a["warmup"]:
             counter.reset()
         if ctx.is_distributed:
             dist.barrier(group=ctx.dense_group)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = dmp(local[i].dense, kjts[i])
         loss = F.binary_cross_entropy_with_logits(logits, local[i].labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()  # the sharded tables are updated in the backward (fused optimizer)
         opt.step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     record = {
         "step_s": times[a["warmup"] :],
+        "cpu_s": cpu[a["warmup"] :],
         "bytes_by_kind": {},
         "bytes_tierec": float("nan"),
         "bytes_wire": counter.bytes / a["steps"],
@@ -308,6 +317,7 @@ def run_job(worker, world: int, a: dict, variant: dict) -> dict[str, Any]:
         "name": variant["name"],
         "world": world,
         "step_s": max(steps),  # the job moves at its slowest rank's pace
+        "cpu_s": sum(statistics.median(r["cpu_s"]) for r in records),  # CPU seconds per step, all ranks together
         "bytes_tierec": statistics.mean(r["bytes_tierec"] for r in records),
         "bytes_wire": statistics.mean(r["bytes_wire"] for r in records),
         "bytes_wire_max": max(r["bytes_wire"] for r in records),
@@ -369,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     if "time" in sections:
         timed += [(tierec_worker, w, {"name": "tierec (1 process)" if w == 1 else "tierec sharded", "set": []})
                   for w in worlds]
+        if 1 in worlds:
+            timed.append((tierec_worker, 1, {"name": "tierec (1 process, 1 thread)", "set": [], "threads": 1}))
     if "overlap" in sections:
         timed += [(tierec_worker, w, {"name": f"overlap={'on' if ov else 'off'}",
                                       "set": hot + [f"dist.overlap={str(ov).lower()}"]})
@@ -401,7 +413,7 @@ def _median_over_repeats(rows: list[dict]) -> list[dict]:
             out.append(rs[0])
             continue
         m = dict(ok[0])
-        for key in ("step_s", "ids_exposed_s", "load_avg"):
+        for key in ("step_s", "cpu_s", "ids_exposed_s", "load_avg"):
             m[key] = statistics.median(r[key] for r in ok)
         m["step_s_all"] = [r["step_s"] for r in ok]
         m["repeats"] = len(ok)
@@ -428,13 +440,14 @@ def report(results: dict[str, Any]) -> str:
         out.append(f"Bytes sent per step per rank, {tw} processes (KiB; sparse part, plus DDP's dense all-reduce apart)\n")
         out.append(markdown_table(["variant", "sparse, mean rank", "sparse, busiest rank", "naive / this", "ids",
                                    "rows", "grads", "hot all-reduce", "refresh", "dense (DDP)"], table))
-    timing = [r for r in rows if r["name"] in ("tierec (1 process)", "tierec sharded", "torchrec-rw")]
+    timing = [r for r in rows if r["name"].startswith(("tierec (1 process", "tierec sharded", "torchrec-rw"))]
     if timing:
-        out.append("\nStep time (median ms; global batch fixed, split between the processes; 1-minute load average)\n")
+        out.append("\nStep time (median ms; global batch fixed, split between the processes; CPU ms summed over "
+                   "the processes; 1-minute load average)\n")
         out.append(markdown_table(
-            ["system", "processes", "step ms (median)", "each repeat", "samples/s", "load"],
+            ["system", "processes", "step ms (median)", "each repeat", "samples/s", "CPU ms / step", "load"],
             [[r["name"], r["world"], r["step_s"] * 1e3, " / ".join(f"{x * 1e3:.0f}" for x in r.get("step_s_all", [r["step_s"]])),
-              results["args"]["batch"] / r["step_s"], r["load_avg"]]
+              results["args"]["batch"] / r["step_s"], r.get("cpu_s", float("nan")) * 1e3, r["load_avg"]]
              for r in sorted(timing, key=lambda r: (r["world"], r["name"]))]))
     ov = [r for r in rows if r["name"].startswith("overlap=")]
     if ov:

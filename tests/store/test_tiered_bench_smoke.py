@@ -1,0 +1,20 @@
+"""benchmarks.tiers on tiny sizes, so the commands of docs/performance.md cannot rot."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.tiers import main
+
+
+def test_disk_benchmark_runs(tmp_path) -> None:
+    out = tmp_path / "tiers.json"
+    args = ["--which", "disk", "--tables", "3", "--rows", "3000", "--train-batch", "64", "--steps", "4", "--warmup", "2"]
+    args += ["--rounds", "2", "--disk-dir", str(tmp_path), "--threads", "1", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    res = json.loads(out.read_text())["disk"]
+    modes = {r["mode"]: r for r in res["runs"]}
+    assert set(modes) == {"memory", "disk", "disk+prefetch"}
+    assert modes["disk"]["disk_read_rows_per_step"] > 0  # the table really is read from disk
+    assert modes["disk"]["table_bytes"] >= 3.9 * modes["disk"]["budget_bytes"]
+    assert "disk+prefetch/memory throughput (paired)" in res["ratios"]

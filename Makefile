@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(BIN)/tierec train --run-dir runs/demo
 
 test: $(STAMP)

@@ -75,14 +75,15 @@ def predict(cfg: Config, parts: Components, split: str, out_path: str | Path) ->
 
 def planted_auc(cfg: Config, rows: int) -> float:
     """AUC of the synthetic data's own planted model on the same test rows."""
-    from tierec.data.synthetic import planted_scores
+    from tierec.data import PlantedModel, planted_logits
 
+    model = PlantedModel.from_config(cfg.data.synthetic)
     source = open_source(cfg.data, "test", cfg.train.batch_size)
-    scores, labels = [], []
-    for i, batch in enumerate(source):
-        if sum(len(s) for s in scores) >= rows:
+    scores, labels, seen = [], [], 0
+    for batch in source:
+        if seen >= rows:
             break
-        scores.append(planted_scores(cfg.data.synthetic, "test", i, cfg.train.batch_size)[: batch.size])
+        scores.append(planted_logits(model, batch))
         labels.append(batch.labels)
-    s, y = torch.cat(scores)[:rows], torch.cat(labels)[:rows]
-    return auc(s, y)
+        seen += batch.size
+    return auc(torch.cat(scores)[:rows], torch.cat(labels)[:rows])

@@ -40,6 +40,12 @@ def test_save_at_4_resume_at_2_and_at_1(tmp_path: Path, reference: Path) -> None
     compare_runs(reference, tmp_path / "one")
 
 
+def test_single_process_checkpoint_resumes_on_2(tmp_path: Path, reference: Path) -> None:
+    Trainer(load_config(None, SMALL + ["train.max_steps=5"]), tmp_path).fit()
+    spawn(train_worker, 2, (SMALL, str(tmp_path), True))
+    compare_runs(reference, tmp_path)
+
+
 def test_cli_nproc_with_hot_rows_matches_one_process(tmp_path: Path, capsys) -> None:
     over = SMALL + ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01"]
     Trainer(load_config(None, over), tmp_path / "ref").fit()

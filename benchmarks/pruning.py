@@ -14,14 +14,16 @@ Bytes are reported two ways: ``value`` bytes are the embedding parameters and
 their optimizer state (live chunks with their importance scores, plus per-row
 optimizer state; for plain tables rows x (weights + state)), what pruning
 shrinks; ``allocated`` bytes are everything the tables hold (capacity slack,
-hash index, chunk maps). AUC is averaged over seeds; the drop against the
-unpruned run is paired by seed. A throughput check alternates unpruned and
-pruned runs and reports the median ratio of their training samples/s.
+hash index, chunk maps). Pruning runs get a byte budget: the unpruned run's
+value bytes over the ratio. AUC is averaged over seeds; the drop against the
+unpruned run is paired by seed. A throughput check (``step_throughput``)
+alternates timed rounds of unpruned and pruned training steps in one process.
 
 Run from the repository root (docs/pruning.md has the exact commands):
 
     python -m benchmarks.pruning --data synthetic --seeds 0 --out runs/bench/pruning_synthetic.json
-    python -m benchmarks.pruning --data criteo --seeds 0,1,2,3,4 --out runs/bench/pruning_criteo.json
+    python -m benchmarks.pruning --data criteo --seeds 0,1,2 --out runs/bench/pruning_criteo.json
+    python -m benchmarks.pruning --data synthetic --skip-sweep --throughput-rounds 8 --out runs/bench/pruning_tp.json
     python -m benchmarks.pruning --plot docs/pruning.png runs/bench/pruning_synthetic.json runs/bench/pruning_criteo.json
 
 >>> from benchmarks.pruning import overrides
@@ -57,11 +59,13 @@ METHODS = ("prune", "frequency", "uniform")
 DIM = 16
 
 
-def overrides(data: str, method: str, ratio: int, seed: int) -> list[str]:
+def overrides(data: str, method: str, ratio: int, seed: int, budget: int = 0) -> list[str]:
+    """Config overrides of one run; pruning runs get ``budget`` bytes (else ``target_ratio``)."""
     over = DATASETS[data] + [f"train.seed={seed}", "train.progress=false", f"embedding.dim={DIM}"]
     if method in ("prune", "frequency"):
         importance = "gradient" if method == "prune" else "frequency"
-        over += ["prune.enabled=true", f"prune.target_ratio={ratio}", f"prune.importance={importance}"]
+        target = f"prune.memory_budget={budget}" if budget else f"prune.target_ratio={ratio}"
+        over += ["prune.enabled=true", target, f"prune.importance={importance}"]
     elif method == "uniform":
         over += [f"embedding.dim={DIM // ratio}"]
     return over
@@ -74,8 +78,8 @@ def plain_value_bytes(cfg: Config, rows: int) -> int:  # rows x (weights + optim
     return rows * per * 4
 
 
-def run_one(data: str, method: str, ratio: int, seed: int, root: Path, extra: list[str] = ()) -> dict:
-    cfg = load_config(None, overrides(data, method, ratio, seed) + list(extra))
+def run_one(data: str, method: str, ratio: int, seed: int, root: Path, budget: int = 0) -> dict:
+    cfg = load_config(None, overrides(data, method, ratio, seed, budget))
     run_dir = root / f"{data}_{method}_{ratio}_s{seed}"
     t0 = time.perf_counter()
     s = Trainer(cfg, run_dir, echo=lambda _: None).fit()
@@ -95,32 +99,88 @@ def run_one(data: str, method: str, ratio: int, seed: int, root: Path, extra: li
         "pruned_chunks": prune["pruned_chunks"] if prune else 0,
         "regrown_chunks": prune["regrown_chunks"] if prune else 0,
         "samples_per_s": s["train_samples_per_s"],
+        "budget_bytes": budget,
         "seconds": time.perf_counter() - t0,
     }
 
 
 def sweep(data: str, seeds: list[int], ratios: tuple[int, ...], methods: tuple[str, ...], root: Path, log) -> list[dict]:
+    """Per seed: the unpruned run, then every method at every ratio.
+
+    Pruning runs get a byte budget of the unpruned run's value bytes over the ratio, so
+    every bytes figure is exact (``target_ratio`` counts an id evicted and seen again twice).
+    """
     runs = []
     for seed in seeds:
-        plan = [("none", 1)] + [(m, r) for r in ratios for m in methods]
-        for method, ratio in plan:
-            r = run_one(data, method, ratio, seed, root)
-            runs.append(r)
-            log(f"{data} seed {seed} {method:9s} x{ratio:<3d} auc {r['auc']:.4f} value {r['value_bytes'] / 2**20:7.2f} MiB "
-                f"allocated {r['allocated_bytes'] / 2**20:7.2f} MiB  {r['samples_per_s']:,.0f} samples/s  {r['seconds']:.0f} s")
+        base = run_one(data, "none", 1, seed, root)
+        runs.append(base)
+        log(f"{data} seed {seed} none auc {base['auc']:.4f} value {base['value_bytes'] / 2**20:.2f} MiB")
+        for ratio in ratios:
+            for method in methods:
+                r = run_one(data, method, ratio, seed, root, budget=base["value_bytes"] // ratio)
+                runs.append(r)
+                log(f"{data} seed {seed} {method:9s} x{ratio:<3d} auc {r['auc']:.4f} value {r['value_bytes'] / 2**20:7.2f} MiB "
+                    f"allocated {r['allocated_bytes'] / 2**20:7.2f} MiB  {r['samples_per_s']:,.0f} samples/s  {r['seconds']:.0f} s")
     return runs
 
 
-def throughput(data: str, pairs: int, steps: int, ratio: int, root: Path, log) -> dict:
-    """Alternate unpruned and pruned runs of ``steps`` steps; median of the per-pair ratios."""
-    extra = [f"train.max_steps={steps}"]
-    ratios, off, on = [], [], []
-    for i in range(pairs):
-        a = run_one(data, "none", 1, 0, root, extra)["samples_per_s"]
-        b = run_one(data, "prune", ratio, 0, root, extra)["samples_per_s"]
-        off.append(a), on.append(b), ratios.append(b / a)
-        log(f"throughput pair {i}: off {a:,.0f} on {b:,.0f} samples/s, ratio {b / a:.3f}")
-    return {"steps": steps, "ratio_target": ratio, "off": off, "on": on, "median_ratio": statistics.median(ratios)}
+def step_throughput(data: str, budget: int, steps: int, rounds: int, log) -> dict:
+    """Training steps per second, unpruned against pruned to ``budget`` bytes, in one process.
+
+    Both train on the same ``steps`` batches over and over (after one warm-up pass that
+    inserts the rows and compiles the kernels); rounds alternate between the two, and each
+    round is timed in CPU seconds of the process (all threads) and in wall seconds. The
+    pruned side runs its pruning steps when due, inside the timed region. CPU time is the
+    steadier measure on a shared machine.
+    """
+    from itertools import islice
+
+    from tierec.data import open_source
+    from tierec.train.components import Components
+
+    cfgs = {
+        "off": load_config(None, overrides(data, "none", 1, 0)),
+        "on": load_config(None, overrides(data, "prune", 1, 0) + [f"prune.memory_budget={budget}"]),
+    }
+    src = open_source(cfgs["off"].data, "train", cfgs["off"].train.batch_size)
+    batches = list(islice(iter(src), steps))
+    tmp = Path(tempfile.mkdtemp(prefix="tierec_tp_"))
+    runners = {k: Trainer(c, tmp / k, echo=lambda _: None) for k, c in cfgs.items()}
+    parts = {k: Components.build(c, src.feature_names, src.n_dense) for k, c in cfgs.items()}
+    done = {k: 0 for k in cfgs}
+
+    def one_pass(k: str) -> tuple[float, float]:
+        p, t = parts[k], runners[k]
+        c0, w0 = time.process_time(), time.perf_counter()
+        for b in batches:
+            t._step(p, b)
+            done[k] += 1
+            if p.pruner is not None and p.pruner.due(done[k]):
+                p.pruner.step()
+        return time.process_time() - c0, time.perf_counter() - w0
+
+    for k in cfgs:
+        one_pass(k)  # warm-up
+    cpu = {k: [] for k in cfgs}
+    wall = {k: [] for k in cfgs}
+    for r in range(rounds):
+        for k in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            c, w = one_pass(k)
+            cpu[k].append(c), wall[k].append(w)
+        log(f"throughput round {r}: off {cpu['off'][-1]:.2f} / on {cpu['on'][-1]:.2f} CPU s, "
+            f"off {wall['off'][-1]:.2f} / on {wall['on'][-1]:.2f} wall s")
+    shutil.rmtree(tmp, ignore_errors=True)
+    n = steps * cfgs["off"].train.batch_size
+    ratio_cpu = statistics.median(a / b for a, b in zip(cpu["off"], cpu["on"]))
+    ratio_wall = statistics.median(a / b for a, b in zip(wall["off"], wall["on"]))
+    stats = parts["on"].pruner.stats()
+    return {
+        "steps": steps, "rounds": rounds, "budget_bytes": budget,
+        "samples_per_cpu_s": {k: n / statistics.median(v) for k, v in cpu.items()},
+        "samples_per_wall_s": {k: n / statistics.median(v) for k, v in wall.items()},
+        "ratio_cpu": ratio_cpu, "ratio_wall": ratio_wall,
+        "pruned_dim_hist": stats["dim_hist"],
+    }
 
 
 # ------------------------------------------------------------------ reporting
@@ -205,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0", help="comma-separated training seeds")
     p.add_argument("--ratios", default=",".join(map(str, RATIOS)))
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--throughput-pairs", type=int, default=0, help="alternating off/on runs for the throughput ratio")
-    p.add_argument("--throughput-steps", type=int, default=200)
+    p.add_argument("--throughput-rounds", type=int, default=0, help="alternating off/on timed rounds (0 = skip)")
+    p.add_argument("--throughput-steps", type=int, default=50, help="batches per round")
+    p.add_argument("--throughput-ratio", type=int, default=4, help="budget of the pruned side: unpruned bytes / this")
+    p.add_argument("--skip-sweep", action="store_true", help="only the throughput check")
     p.add_argument("--out", type=Path, help="JSON with every run, the summary and the throughput check")
     p.add_argument("--plot", type=Path, help="PNG of AUC against bytes (with JSON files as arguments: plot those)")
     p.add_argument("results", nargs="*", type=Path, help="earlier --out files to plot and tabulate instead of running")
@@ -221,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tempfile.mkdtemp(prefix="tierec_pruning_"))
         seeds = [int(x) for x in a.seeds.split(",")]
         ratios = tuple(int(x) for x in a.ratios.split(","))
-        runs = sweep(a.data, seeds, ratios, tuple(a.methods.split(",")), root, log)
+        runs = [] if a.skip_sweep else sweep(a.data, seeds, ratios, tuple(a.methods.split(",")), root, log)
         result = {"data": a.data, "runs": runs, "summary": summarize(runs)}
-        if a.throughput_pairs:
-            result["throughput"] = throughput(a.data, a.throughput_pairs, a.throughput_steps, 4, root, log)
+        if a.throughput_rounds:
+            base = next((r for r in runs if r["method"] == "none"), None) or run_one(a.data, "none", 1, 0, root)
+            budget = base["value_bytes"] // a.throughput_ratio
+            result["throughput"] = step_throughput(a.data, budget, a.throughput_steps, a.throughput_rounds, log)
         shutil.rmtree(root, ignore_errors=True)
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -235,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(r["summary"]))
         if "throughput" in r:
             t = r["throughput"]
-            print(f"\nthroughput, pruning at {t['ratio_target']}x vs off ({t['steps']} steps, {len(t['off'])} pairs): "
-                  f"median ratio {t['median_ratio']:.3f}")
+            print(f"\nthroughput, pruned to {t['budget_bytes'] / 2**20:.2f} MiB vs unpruned ({t['rounds']} rounds of "
+                  f"{t['steps']} steps): samples per CPU second {t['samples_per_cpu_s']['on']:,.0f} vs "
+                  f"{t['samples_per_cpu_s']['off']:,.0f}, median ratio {t['ratio_cpu']:.3f} (CPU), {t['ratio_wall']:.3f} (wall)")
     if a.plot:
         plot({r["data"]: r["summary"] for r in results}, a.plot)
         print(f"\nplot: {a.plot}")

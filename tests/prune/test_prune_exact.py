@@ -22,11 +22,11 @@ FEATURES = ("a", "b", "c")
 DIM, CHUNK = 8, 2
 
 
-def _tables(opt: OptimizerConfig) -> list[TableConfig]:
+def _tables(opt: OptimizerConfig, dim: int = DIM) -> list[TableConfig]:
     # "ab" is shared by two features (sum pooling); "c" has mean pooling; one group.
     return [
-        TableConfig(name="ab", dim=DIM, features=["a", "b"], optimizer=opt),
-        TableConfig(name="c", dim=DIM, features=["c"], optimizer=opt, pooling=Pooling.MEAN),
+        TableConfig(name="ab", dim=dim, features=["a", "b"], optimizer=opt),
+        TableConfig(name="c", dim=dim, features=["c"], optimizer=opt, pooling=Pooling.MEAN),
     ]
 
 
@@ -75,10 +75,12 @@ class _Frozen(TableGroup):
         super().update(rows, grad.masked_fill(self.mask[rows], 0.0))
 
 
-def _pair(opt: OptimizerConfig, fused: bool = True, **prune) -> tuple[EmbeddingCollection, EmbeddingCollection]:
-    cfg = PruneConfig(chunk=CHUNK, **prune)
-    plain = EmbeddingCollection(_tables(opt), FEATURES, seed=3, group_factory=lambda ts, s, d: _Frozen(ts, s, d))
-    pruned = EmbeddingCollection(_tables(opt), FEATURES, seed=3, group_factory=lambda ts, s, d: PrunedGroup(ts, cfg, s, d))
+def _pair(
+    opt: OptimizerConfig, fused: bool = True, chunk: int = CHUNK, dim: int = DIM
+) -> tuple[EmbeddingCollection, EmbeddingCollection]:
+    cfg = PruneConfig(chunk=chunk)
+    plain = EmbeddingCollection(_tables(opt, dim), FEATURES, seed=3, group_factory=lambda ts, s, d: _Frozen(ts, s, d))
+    pruned = EmbeddingCollection(_tables(opt, dim), FEATURES, seed=3, group_factory=lambda ts, s, d: PrunedGroup(ts, cfg, s, d))
     pruned.use_fused_kernels = fused
     return plain, pruned
 
@@ -96,7 +98,7 @@ def _assert_same_rows(plain: EmbeddingCollection, pruned: EmbeddingCollection) -
     rows = np.arange(gp.num_rows)
     assert torch.equal(gp.weights[: gp.num_rows], gq.gather(rows))
     # the optimizer state of live dims too
-    live = torch.from_numpy(np.arange(DIM) < (gq.live_chunks() * CHUNK)[:, None])
+    live = torch.from_numpy(np.arange(gq.dim) < (gq.live_chunks() * gq.chunk)[:, None])
     for name, s in gq.chunks.state.items():
         got = torch.from_numpy(gq._gather_array(s, rows))
         assert torch.equal(gp.state[name][: gp.num_rows][live], got[live]), name
@@ -113,8 +115,9 @@ OPTS = [
 
 
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.kind.value)
-def test_unpruned_equals_plain_exactly(opt: OptimizerConfig) -> None:
-    plain, pruned = _pair(opt)
+@pytest.mark.parametrize("chunk, dim", [(2, 8), (4, 16), (3, 9)], ids=["c2", "c4", "c3-generic"])
+def test_unpruned_equals_plain_exactly(opt: OptimizerConfig, chunk: int, dim: int) -> None:
+    plain, pruned = _pair(opt, chunk=chunk, dim=dim)
     for step, sp in enumerate(_batches(steps=5, batch=16)):
         assert torch.equal(_step(plain, sp, step), _step(pruned, sp, step))
     _assert_same_rows(plain, pruned)

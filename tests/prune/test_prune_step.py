@@ -131,6 +131,8 @@ def test_compaction_keeps_every_row_and_state() -> None:
     w = g.gather(rows)
     g.compact()
     assert g.chunks.num_free == 0 and g.chunks.capacity == g.live_chunks().sum()
+    _, length = g.segments(rows)
+    assert (length == g.live_chunks()).all()  # every row laid out in one run
     assert torch.equal(g.gather(rows), w)
     after = g.table_state(0)
     for k in before:

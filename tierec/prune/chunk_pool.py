@@ -14,7 +14,7 @@ chunks at the tail into the holes and really shrinks the tensors.
 1
 >>> pool.alloc(1).tolist() == [ids[0]]   # a freed chunk is reused first
 True
->>> moved = pool.compact(); pool.capacity, pool.num_free  # only the 2 live chunks remain
+>>> new_of = pool.compact(); pool.capacity, pool.num_free  # only the 2 live chunks remain
 (2, 0)
 """
 
@@ -109,31 +109,28 @@ class ChunkPool:
 
     # ------------------------------------------------------------ compaction
 
-    def compact(self) -> tuple[np.ndarray, np.ndarray]:
-        """Move the live chunks into ``[0, num_live)`` and shrink every tensor to that size.
+    def compact(self, order: np.ndarray | None = None) -> np.ndarray:
+        """Keep only the live chunks, in ``order`` (default: by number), and shrink every tensor.
 
-        Returns ``(src, dst)``: chunk ``src[i]`` now lives at ``dst[i]`` (only chunks
-        at or past ``num_live`` move); the caller rewrites its chunk maps.
+        ``order`` [num_live] lists every live chunk once; chunk ``order[i]`` becomes chunk
+        ``i``. Returns the map old number -> new number ([old capacity] int64, -1 for
+        free chunks) for the caller's chunk maps.
         """
-        live = self.num_live
-        free = self._free[: self._n_free].astype(np.int64)
-        holes = np.sort(free[free < live])  # free slots inside the kept prefix
-        is_free_tail = np.zeros(self.capacity - live, dtype=bool)
-        is_free_tail[free[free >= live] - live] = True
-        src = np.flatnonzero(~is_free_tail) + live  # live chunks past the prefix
-        assert src.size == holes.size
-        if src.size:
-            s, d = torch.from_numpy(src), torch.from_numpy(holes)
-            self.weights.index_copy_(0, d, self.weights.index_select(0, s))
-            for t in self.state.values():
-                t.index_copy_(0, d, t.index_select(0, s))
-            self.importance[holes] = self.importance[src]
-        self.weights = self.weights[:live].clone()
-        self.state = {n: t[:live].clone() for n, t in self.state.items()}
-        self.importance = self.importance[:live].copy()
+        if order is None:
+            is_free = np.zeros(self.capacity, dtype=bool)
+            is_free[self._free[: self._n_free]] = True
+            order = np.flatnonzero(~is_free)
+        if order.shape[0] != self.num_live:
+            raise ValueError(f"order lists {order.shape[0]} chunks, the pool has {self.num_live} live ones")
+        new_of = np.full(self.capacity, -1, dtype=np.int64)
+        new_of[order] = np.arange(order.shape[0])
+        idx = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
+        self.weights = self.weights.index_select(0, idx)
+        self.state = {n: t.index_select(0, idx) for n, t in self.state.items()}
+        self.importance = self.importance[order]
         self._free = np.empty(0, dtype=np.int32)
         self._n_free = 0
-        return src, holes
+        return new_of
 
 
 def _resized(t: Tensor, rows: int) -> Tensor:

@@ -59,6 +59,7 @@ class PrunedGroup(TableGroup):
             raise ConfigError(f"embedding dim {self.dim} is not a multiple of prune.chunk={cfg.chunk}")
         self.chunk = cfg.chunk
         self.n_pos = self.dim // cfg.chunk  # chunk positions per row
+        self.kernels = kernels.hot_kernels(cfg.chunk)  # forward and optimizers, specialised to the chunk size
         self.init_chunks = min(cfg.init_dim // cfg.chunk or self.n_pos, self.n_pos)
         self.by_grad = cfg.importance == "gradient"
         self.index = HashIndex()
@@ -155,26 +156,37 @@ class PrunedGroup(TableGroup):
             return pool_chunked(self, rows, layout, train, anchor)
         return pool_chunked_torch(self, rows, layout, train, anchor)
 
-    def update(self, rows: Tensor, grad: Tensor) -> None:
-        """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance."""
+    def segments(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start [U], length [U]) of a batch's rows for the hot kernels (see kernels.row_segments)."""
+        start = np.empty(rows.shape[0], dtype=np.int64)
+        length = np.empty(rows.shape[0], dtype=np.int64)
+        kernels.row_segments(self.cmap, rows, start, length)
+        return start, length
+
+    def update(self, rows: Tensor, grad: Tensor, segments: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance.
+
+        ``segments``: the rows' ``segments()`` when the caller has them already.
+        """
         self.step += 1
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
-        pw, cmap, imp, nxt, by = self.chunks.weights.numpy(), self.cmap, self.chunks.importance, self.next_imp, self.by_grad
+        st, ln = segments if segments is not None else self.segments(r)
+        pw, cm, imp, nxt, by = self.chunks.weights.numpy(), self.cmap, self.chunks.importance, self.next_imp, self.by_grad
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
-        st = self.chunks.state
-        kind = cfg.kind
+        state = self.chunks.state
+        kind, k = cfg.kind, self.kernels
         if kind is OptimizerKind.SGD:
-            kernels.sgd(pw, cmap, r, g, lr, wd, imp, nxt, by)
+            k.sgd(pw, cm, r, st, ln, g, lr, wd, imp, nxt, by)
         elif kind is OptimizerKind.ADAGRAD:
-            kernels.adagrad(pw, st["sum"].numpy(), cmap, r, g, lr, eps, wd, imp, nxt, by)
+            k.adagrad(pw, state["sum"].numpy(), cm, r, st, ln, g, lr, eps, wd, imp, nxt, by)
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            s_row = self.row_state["sum"].numpy()
-            kernels.rowwise_adagrad(pw, s_row, cmap, r, g, lr, eps, wd, self.dim, imp, nxt, by)
+            k.rowwise_adagrad(pw, self.row_state["sum"].numpy(), cm, r, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by)
         elif kind is OptimizerKind.ADAM:
             step_size = np.float32(_adam_step_size(cfg, self.step))
             b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
-            kernels.adam(pw, st["exp_avg"].numpy(), st["exp_avg_sq"].numpy(), cmap, r, g, step_size, b1, b2, eps, wd, imp, nxt, by)
+            m, v = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy()
+            k.adam(pw, m, v, cm, r, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by)
         else:  # pragma: no cover - enum is closed
             raise ValueError(kind)
 
@@ -255,14 +267,18 @@ class PrunedGroup(TableGroup):
         self.next_imp[: self.num_rows] *= np.float32(factor)
 
     def compact(self) -> None:
-        """Shrink the pool to its live chunks and rewrite the chunk maps."""
-        first_moved = self.chunks.num_live
-        old_cap = self.chunks.capacity
-        src, dst = self.chunks.compact()
-        if src.size:
-            moved_to = np.full(old_cap - first_moved, -1, dtype=np.int32)
-            moved_to[src - first_moved] = dst
-            kernels.remap_chunks(self.cmap, self.num_rows, first_moved, moved_to)
+        """Shrink the pool to its live chunks, each row's chunks one after another in row order.
+
+        Rows laid out together take the hot kernels' flat path (kernels.row_segments).
+        """
+        n = self.num_rows
+        live = self.live_chunks()
+        mask = np.arange(self.n_pos) < live[:, None]  # [n, K]
+        sub = self.cmap[:n]
+        order = sub[mask].astype(np.int64)  # row by row, position by position
+        self.chunks.compact(order)
+        sub[mask] = np.arange(order.shape[0], dtype=np.int32)
+        self.cmap[:n] = sub
 
     # ----------------------------------------------------------- reporting
 

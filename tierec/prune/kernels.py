@@ -14,42 +14,35 @@ first pruned position (its claim to grow back).
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numba as nb
 import numpy as np
 
 from tierec.embedding.kernels import key_hash
 
 
-@nb.njit(parallel=True, cache=True)
-def pool_forward(pw, cmap, rows, inverse, offsets, bag_scale, batch, out):
-    """out[b, f] = bag_scale * sum over the bag's ids of the row read through its chunk map.
+@nb.njit(inline="always", cache=True)
+def _score(g, i, base, c, by_grad):
+    if not by_grad:
+        return np.float32(1.0)
+    acc = np.float32(0.0)
+    for j in range(c):
+        x = g[i, base + j]
+        acc += x * x
+    return np.float32(np.sqrt(acc))
 
-    pw [P, c]; cmap [R, K] int32; rows [U] (-1 reads as zeros); inverse [N];
-    offsets [F*B+1]; bag_scale [F*B] float32; out [B, F, K*c].
-    """
-    c = pw.shape[1]
-    n_pos = cmap.shape[1]
-    d = out.shape[2]
-    n_bags = offsets.shape[0] - 1
-    for k in nb.prange(n_bags):
-        f = k // batch
-        b = k - f * batch
-        for j in range(d):
-            out[b, f, j] = 0.0
-        for i in range(offsets[k], offsets[k + 1]):
-            r = rows[inverse[i]]
-            if r >= 0:
-                for q in range(n_pos):
-                    p = cmap[r, q]
-                    if p < 0:
-                        break
-                    base = q * c
-                    for j in range(c):
-                        out[b, f, base + j] += pw[p, j]
-        s = bag_scale[k]
-        if s != 1.0:
-            for j in range(d):
-                out[b, f, j] *= s
+
+@nb.njit(inline="always", cache=True)
+def _importance(g, i, r, ln, st, cmap, c, n_pos, imp, next_imp, by_grad):
+    """Adds each live chunk's score to its importance and the first pruned one's to next_imp."""
+    live = ln if ln > 0 else -ln
+    for q in range(live):
+        p = st + q if ln > 0 else cmap[r, q]
+        imp[p] += _score(g, i, q * c, c, by_grad)
+    if live < n_pos:
+        next_imp[r] += _score(g, i, live * c, c, by_grad)
+    return live
 
 
 @nb.njit(parallel=True, cache=True)
@@ -86,114 +79,200 @@ def scatter_rows(pw, cmap, rows, values):
                 pw[p, j] = values[u, q * c + j]
 
 
-@nb.njit(inline="always", cache=True)
-def _score(g, i, base, c, by_grad):
-    if not by_grad:
-        return np.float32(1.0)
-    acc = np.float32(0.0)
-    for j in range(c):
-        x = g[i, base + j]
-        acc += x * x
-    return np.float32(np.sqrt(acc))
+# ------------------------------------------------------- hot kernels, per chunk size
 
 
-# ------------------------------------------------------------------ optimizers
+class HotKernels(NamedTuple):
+    """The per-batch kernels; see ``hot_kernels``."""
+
+    pool_forward: Callable
+    sgd: Callable
+    adagrad: Callable
+    rowwise_adagrad: Callable
+    adam: Callable
 
 
-@nb.njit(parallel=True, cache=True)
-def sgd(pw, cmap, rows, g, lr, wd, imp, next_imp, by_grad):
-    c = pw.shape[1]
-    for i in nb.prange(rows.shape[0]):
-        r = rows[i]
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            base = q * c
-            if p < 0:
-                next_imp[r] += _score(g, i, base, c, by_grad)
-                break
-            imp[p] += _score(g, i, base, c, by_grad)
-            for j in range(c):
-                pw[p, j] -= lr * (g[i, base + j] + wd * pw[p, j])
+def _build(CHUNK: int) -> HotKernels:
+    """The hot kernels with the chunk size a compile-time constant (0 = read it from the pool).
+
+    Each takes the batch's row segments (``row_segments``): a row whose live chunks sit
+    one after another in the pool (the usual case: compaction lays rows out in order)
+    is read and updated as one flat run of dims, which vectorises like a dense row;
+    other rows go chunk by chunk through the chunk map. A constant chunk size lets LLVM
+    unroll the per-chunk loops. Per element, the arithmetic and its order are those of
+    tierec/embedding/optimizers.py.
+    """
+
+    def pool_forward(pw, cmap, rows, start, length, inverse, offsets, bag_scale, batch, out):
+        """out[b, f] = bag_scale * sum over the bag's ids of the row read through its chunks.
+
+        pw [P, c]; cmap [R, K] int32; rows, start, length [U] (``row_segments``; rows -1
+        and rows without chunks read as zeros); inverse [N]; offsets [F*B+1];
+        bag_scale [F*B] float32; out [B, F, K*c].
+        """
+        c = pw.shape[1] if CHUNK == 0 else CHUNK
+        flat = pw.reshape(pw.shape[0] * pw.shape[1])
+        d = out.shape[2]
+        n_bags = offsets.shape[0] - 1
+        for k in nb.prange(n_bags):
+            f = k // batch
+            b = k - f * batch
+            for j in range(d):
+                out[b, f, j] = 0.0
+            for i in range(offsets[k], offsets[k + 1]):
+                u = inverse[i]
+                ln = length[u]
+                if ln > 0:
+                    base = start[u] * c
+                    for j in range(ln * c):
+                        out[b, f, j] += flat[base + j]
+                elif ln < 0:
+                    r = rows[u]
+                    for q in range(-ln):
+                        p = cmap[r, q]
+                        for j in range(c):
+                            out[b, f, q * c + j] += pw[p, j]
+            s = bag_scale[k]
+            if s != 1.0:
+                for j in range(d):
+                    out[b, f, j] *= s
+
+    def sgd(pw, cmap, rows, start, length, g, lr, wd, imp, next_imp, by_grad):
+        c = pw.shape[1] if CHUNK == 0 else CHUNK
+        flat = pw.reshape(pw.shape[0] * pw.shape[1])
+        for i in nb.prange(rows.shape[0]):
+            r, ln = rows[i], length[i]
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            if ln > 0:
+                base = start[i] * c
+                for j in range(live * c):
+                    flat[base + j] -= lr * (g[i, j] + wd * flat[base + j])
+            else:
+                for q in range(live):
+                    p = cmap[r, q]
+                    for j in range(c):
+                        pw[p, j] -= lr * (g[i, q * c + j] + wd * pw[p, j])
+
+    def adagrad(pw, s, cmap, rows, start, length, g, lr, eps, wd, imp, next_imp, by_grad):
+        c = pw.shape[1] if CHUNK == 0 else CHUNK
+        flat = pw.reshape(pw.shape[0] * pw.shape[1])
+        sflat = s.reshape(s.shape[0] * s.shape[1])
+        for i in nb.prange(rows.shape[0]):
+            r, ln = rows[i], length[i]
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            if ln > 0:
+                base = start[i] * c
+                for j in range(live * c):
+                    gj = g[i, j] + wd * flat[base + j]
+                    sflat[base + j] += gj * gj
+                    flat[base + j] -= lr * gj / (np.sqrt(sflat[base + j]) + eps)
+            else:
+                for q in range(live):
+                    p = cmap[r, q]
+                    for j in range(c):
+                        gj = g[i, q * c + j] + wd * pw[p, j]
+                        s[p, j] += gj * gj
+                        pw[p, j] -= lr * gj / (np.sqrt(s[p, j]) + eps)
+
+    def rowwise_adagrad(pw, s_row, cmap, rows, start, length, g, lr, eps, wd, d, imp, next_imp, by_grad):
+        """``s_row`` [R] stays with the row; the mean square is over all ``d`` dims (pruned ones add 0)."""
+        c = pw.shape[1] if CHUNK == 0 else CHUNK
+        flat = pw.reshape(pw.shape[0] * pw.shape[1])
+        for i in nb.prange(rows.shape[0]):
+            r, ln = rows[i], length[i]
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            acc = np.float32(0.0)
+            if ln > 0:
+                base = start[i] * c
+                for j in range(live * c):
+                    gj = g[i, j] + wd * flat[base + j]
+                    acc += gj * gj
+            else:
+                for q in range(live):
+                    p = cmap[r, q]
+                    for j in range(c):
+                        gj = g[i, q * c + j] + wd * pw[p, j]
+                        acc += gj * gj
+            s_row[r] += acc / d
+            scale = lr / (np.sqrt(s_row[r]) + eps)
+            if ln > 0:
+                base = start[i] * c
+                for j in range(live * c):
+                    flat[base + j] -= scale * (g[i, j] + wd * flat[base + j])
+            else:
+                for q in range(live):
+                    p = cmap[r, q]
+                    for j in range(c):
+                        pw[p, j] -= scale * (g[i, q * c + j] + wd * pw[p, j])
+
+    def adam(pw, m, v, cmap, rows, start, length, g, step_size, b1, b2, eps, wd, imp, next_imp, by_grad):
+        c = pw.shape[1] if CHUNK == 0 else CHUNK
+        flat = pw.reshape(pw.shape[0] * pw.shape[1])
+        mflat = m.reshape(m.shape[0] * m.shape[1])
+        vflat = v.reshape(v.shape[0] * v.shape[1])
+        for i in nb.prange(rows.shape[0]):
+            r, ln = rows[i], length[i]
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            if ln > 0:
+                base = start[i] * c
+                for j in range(live * c):
+                    x = base + j
+                    gj = g[i, j] + wd * flat[x]
+                    mflat[x] += (gj - mflat[x]) * (1 - b1)
+                    vflat[x] += (gj * gj - vflat[x]) * (1 - b2)
+                    flat[x] -= step_size * mflat[x] / (np.sqrt(vflat[x]) + eps)
+            else:
+                for q in range(live):
+                    p = cmap[r, q]
+                    for j in range(c):
+                        gj = g[i, q * c + j] + wd * pw[p, j]
+                        m[p, j] += (gj - m[p, j]) * (1 - b1)
+                        v[p, j] += (gj * gj - v[p, j]) * (1 - b2)
+                        pw[p, j] -= step_size * m[p, j] / (np.sqrt(v[p, j]) + eps)
+
+    suffix = f"c{CHUNK}" if CHUNK else "any"
+    built = []
+    for f in (pool_forward, sgd, adagrad, rowwise_adagrad, adam):
+        f.__qualname__ = f"{f.__name__}_{suffix}"  # one cache entry per chunk size
+        built.append(nb.njit(parallel=True, cache=True)(f))
+    return HotKernels(*built)
 
 
-@nb.njit(parallel=True, cache=True)
-def adagrad(pw, s, cmap, rows, g, lr, eps, wd, imp, next_imp, by_grad):
-    c = pw.shape[1]
-    for i in nb.prange(rows.shape[0]):
-        r = rows[i]
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            base = q * c
-            if p < 0:
-                next_imp[r] += _score(g, i, base, c, by_grad)
-                break
-            imp[p] += _score(g, i, base, c, by_grad)
-            for j in range(c):
-                gj = g[i, base + j] + wd * pw[p, j]
-                s[p, j] += gj * gj
-                pw[p, j] -= lr * gj / (np.sqrt(s[p, j]) + eps)
+_SPECIALISED = {c: _build(c) for c in (1, 2, 4, 8, 16)}  # compiled on first use, then cached on disk
+_ANY_CHUNK = _build(0)
 
 
-@nb.njit(parallel=True, cache=True)
-def rowwise_adagrad(pw, s_row, cmap, rows, g, lr, eps, wd, d, imp, next_imp, by_grad):
-    """``s_row`` [R] stays with the row; the mean square is over all ``d`` dims (pruned ones add 0)."""
-    c = pw.shape[1]
-    for i in nb.prange(rows.shape[0]):
-        r = rows[i]
-        acc = np.float32(0.0)
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            base = q * c
-            if p < 0:
-                next_imp[r] += _score(g, i, base, c, by_grad)
-                break
-            imp[p] += _score(g, i, base, c, by_grad)
-            for j in range(c):
-                gj = g[i, base + j] + wd * pw[p, j]
-                acc += gj * gj
-        s_row[r] += acc / d
-        scale = lr / (np.sqrt(s_row[r]) + eps)
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            if p < 0:
-                break
-            base = q * c
-            for j in range(c):
-                pw[p, j] -= scale * (g[i, base + j] + wd * pw[p, j])
-
-
-@nb.njit(parallel=True, cache=True)
-def adam(pw, m, v, cmap, rows, g, step_size, b1, b2, eps, wd, imp, next_imp, by_grad):
-    c = pw.shape[1]
-    for i in nb.prange(rows.shape[0]):
-        r = rows[i]
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            base = q * c
-            if p < 0:
-                next_imp[r] += _score(g, i, base, c, by_grad)
-                break
-            imp[p] += _score(g, i, base, c, by_grad)
-            for j in range(c):
-                gj = g[i, base + j] + wd * pw[p, j]
-                m[p, j] += (gj - m[p, j]) * (1 - b1)
-                v[p, j] += (gj * gj - v[p, j]) * (1 - b2)
-                pw[p, j] -= step_size * m[p, j] / (np.sqrt(v[p, j]) + eps)
+def hot_kernels(chunk: int) -> HotKernels:
+    """Kernels specialised for ``chunk`` dims per chunk (1, 2, 4, 8, 16), else generic ones."""
+    return _SPECIALISED.get(chunk, _ANY_CHUNK)
 
 
 # ------------------------------------------------------------------ bookkeeping
 
 
-@nb.njit(cache=True)
-def remap_chunks(cmap, n_rows, first_moved, moved_to):
-    """After compaction: chunk ``p >= first_moved`` now lives at ``moved_to[p - first_moved]``."""
-    for r in range(n_rows):
-        for q in range(cmap.shape[1]):
-            p = cmap[r, q]
-            if p < 0:
-                break
-            if p >= first_moved:
-                cmap[r, q] = moved_to[p - first_moved]
+@nb.njit(parallel=True, cache=True)
+def row_segments(cmap, rows, start, length):
+    """Where each of a batch's rows [U] lives: ``start[u]`` its first chunk; ``length[u]`` its
+    live chunks when they are consecutive in the pool, minus that when they are scattered,
+    0 when it has none (or ``rows[u]`` is -1)."""
+    n_pos = cmap.shape[1]
+    for u in nb.prange(rows.shape[0]):
+        r = rows[u]
+        start[u] = -1
+        length[u] = 0
+        if r < 0:
+            continue
+        p0 = cmap[r, 0]
+        if p0 < 0:
+            continue
+        live = 1
+        together = True
+        while live < n_pos and cmap[r, live] >= 0:
+            if cmap[r, live] != p0 + live:
+                together = False
+            live += 1
+        start[u] = p0
+        length[u] = live if together else -live
 
 
 @nb.njit(cache=True)

@@ -24,33 +24,35 @@ from torch import Tensor
 
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import backward_chunks, pool_backward
-from tierec.prune import kernels
 
 if TYPE_CHECKING:
     from tierec.prune.group import PrunedGroup
 
 
-def _forward(group: PrunedGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
+def _forward(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, seg: tuple[np.ndarray, np.ndarray]) -> Tensor:
     out = torch.empty(layout.batch, layout.n_features, group.dim)  # [B, F_g, D]
-    kernels.pool_forward(
-        group.chunks.weights.numpy(), group.cmap, rows, layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy()
-    )
+    start, length = seg
+    group.kernels.pool_forward(
+        group.chunks.weights.numpy(), group.cmap, rows, start, length,
+        layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy(),
+    )  # fmt: skip
     return out
 
 
 class _PoolChunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
-        ctx.args = (group, rows, layout)
-        return _forward(group, rows, layout)
+        seg = group.segments(rows)  # the chunk maps do not change before this batch's backward
+        ctx.args = (group, rows, layout, seg)
+        return _forward(group, rows, layout, seg)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
-        group, rows, layout = ctx.args
+        group, rows, layout, seg = ctx.args
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
         pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, backward_chunks(group.dim), grad_rows.numpy())
-        group.update(torch.from_numpy(rows), grad_rows)
+        group.update(torch.from_numpy(rows), grad_rows, seg)
         return None, None, None, None
 
 
@@ -72,7 +74,7 @@ def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train:
     """``rows`` [U] may hold -1 (unknown id at evaluation), which pools as zeros."""
     if train:
         return _PoolChunked.apply(anchor, group, rows, layout)
-    return _forward(group, rows, layout)
+    return _forward(group, rows, layout, group.segments(rows))
 
 
 def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.report import markdown_table
-from benchmarks.synthetic import N_DENSE, CTRBatch, make_ctr_batches
+from benchmarks.synthetic import N_DENSE, CTRBatch, make_ctr_batches, tierec_data_batches
 from benchmarks.systems import (
     Missing,
     PeerMissing,
@@ -148,12 +148,20 @@ class TorchTrainer(_Trainer):
 TRAINERS = {"tierec": TierecTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
 
 
-def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16) -> dict:
+def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16, data: str = "planted") -> dict:
+    """``data``: "planted" (benchmarks.synthetic) or "tierec" (tierec.data's synthetic generator)."""
     unknown = [s for s in systems if s not in TRAINERS]
     if unknown:
         raise ValueError(f"unknown e2e systems {unknown}; choose from {list(TRAINERS)}")
-    train = make_ctr_batches(w, WARMUP_STEPS + repeats * w.steps, seed_offset=0)
-    test = make_ctr_batches(w, test_batches, seed_offset=1)
+    n_train = WARMUP_STEPS + repeats * w.steps
+    if data == "tierec":
+        train = tierec_data_batches(w, n_train, "train")
+        test = tierec_data_batches(w, test_batches, "test")
+    elif data == "planted":
+        train = make_ctr_batches(w, n_train, seed_offset=0)
+        test = make_ctr_batches(w, test_batches, seed_offset=1)
+    else:
+        raise ValueError(f"unknown e2e data {data!r}; choose planted or tierec")
     built = []
     for name in systems:
         try:
@@ -207,6 +215,7 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
     return {
         "workload": w.as_dict(),
         "repeats": repeats,
+        "data": data,
         "test_rows": int(labels.numel()),
         "test_positive_rate": float(labels.mean()),
         "dense_optimizer": f"Adam lr={DENSE_LR}",
@@ -219,7 +228,8 @@ def e2e_markdown(res: dict) -> str:
     w = res["workload"]
     title = (
         f"E2E DLRM, {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
-        f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows"
+        f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows; "
+        f"data: {res.get('data', 'planted')}"
     )
     table = []
     for r in res["rows"]:

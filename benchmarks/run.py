@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default="", help=f"comma list; engine: {','.join(ENGINE_SYSTEMS)}; e2e: {','.join(E2E_SYSTEMS)}")
     p.add_argument("--mem-gb", type=float, default=0.0, help="memory for the systems of one group (default: 60%% of available)")
     p.add_argument("--test-batches", type=int, default=16, help="e2e: held-out batches for AUC")
+    p.add_argument("--data", choices=["planted", "tierec"], default="planted",
+                   help="e2e data: the suite's planted generator, or tierec.data's synthetic generator")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "e2e":
             from benchmarks.e2e import e2e_markdown, run_e2e
 
-            res = run_e2e(w, chosen or list(E2E_SYSTEMS), args.repeats, args.test_batches)
+            res = run_e2e(w, chosen or list(E2E_SYSTEMS), args.repeats, args.test_batches, args.data)
             texts.append(e2e_markdown(res))
         elif kind == "memory":
             from benchmarks.memory import memory_markdown, run_memory

@@ -75,3 +75,40 @@ def make_ctr_batches(w: Workload, n: int, seed_offset: int) -> list[CTRBatch]:
         ids = EngineBatch(torch.from_numpy(indices), offsets, torch.from_numpy((feat << 32) | indices), torch.from_numpy(unique))
         out.append(CTRBatch(torch.from_numpy(dense.astype(np.float32)), ids, torch.from_numpy(labels)))
     return out
+
+
+def tierec_data_batches(w: Workload, n: int, split: str, cardinality_scale: float = 0.025) -> list[CTRBatch]:
+    """``n`` batches from tierec.data's synthetic generator (``open_source``), for the e2e run.
+
+    tierec gets the generator's raw 64-bit ids. The static-index peers cannot
+    hold a 32-bit id space, so they hash the ids into their ``rows`` slots
+    (``id % rows``, as TorchRec users do); at the default scale the largest
+    feature has about 253k ids for 1M slots, so hot ids rarely collide.
+    """
+    from tierec.config import DataConfig, SyntheticConfig
+    from tierec.data import open_source
+
+    rows_needed = n * w.batch
+    cfg = SyntheticConfig(
+        train_rows=rows_needed if split == "train" else w.batch,
+        test_rows=rows_needed if split == "test" else w.batch,
+        seed=w.seed,
+        zipf=w.zipf,
+        ids_per_feature=w.hot,
+        cardinality_scale=cardinality_scale,
+    )
+    src = open_source(DataConfig(synthetic=cfg), split, batch_size=w.batch, drop_last=True)
+    if src.n_dense != N_DENSE or len(src.feature_names) != w.tables:
+        raise ValueError(f"tierec.data gives {src.n_dense} dense and {len(src.feature_names)} sparse features; "
+                         f"the e2e workload needs {N_DENSE} and {w.tables} (--tables 26)")
+    out = []
+    for b in src:
+        keys = b.sparse.values  # [N] int64, feature folded in by the generator
+        offsets = b.sparse.offsets
+        lengths = (offsets[w.batch :: w.batch] - offsets[: -1 : w.batch]).numpy()
+        feat = np.repeat(np.arange(w.tables, dtype=np.int64), lengths)
+        indices = (keys.numpy() & 0xFFFFFFFF) % w.rows
+        unique = np.unique(feat * w.rows + indices)
+        ids = EngineBatch(torch.from_numpy(indices), offsets, keys, torch.from_numpy(unique))
+        out.append(CTRBatch(b.dense.float(), ids, b.labels.float()))
+    return out[:n]

@@ -42,3 +42,15 @@ def test_missing_peer_is_reported(monkeypatch, capsys):
 
 def test_profile_tiny():
     assert main(["--which", "profile", *TINY]) == 0
+
+
+def test_e2e_on_tierec_data(tmp_path):
+    import pytest
+
+    pytest.importorskip("tierec.data")
+    out = tmp_path / "e2e.json"
+    argv = ["--which", "e2e", "--tables", "26", "--rows", "500", "--dim", "4", "--batch", "32", "--steps", "2",
+            "--repeats", "1", "--test-batches", "1", "--data", "tierec", "--systems", "tierec,torch", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["results"]["e2e"]
+    assert res["data"] == "tierec" and {r["system"] for r in res["rows"]} == {"tierec", "torch"}

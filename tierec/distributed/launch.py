@@ -75,10 +75,8 @@ def _entry(
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
     })
     ctx = init_distributed(cfg, threads=1)
-    try:
-        fn(ctx, *args)
-    finally:
-        ctx.close()
+    fn(ctx, *args)
+    ctx.close()  # only after a clean finish: tearing down a broken group can block
 
 
 def spawn(

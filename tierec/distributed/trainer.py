@@ -74,7 +74,10 @@ class DistributedTrainer(Trainer):
             try:
                 summary = super().fit()
             except Exception as e:
-                raise beat.diagnose(e) from e
+                lost = beat.diagnose(e)
+                if lost is e:
+                    raise
+                raise lost from e
         return summary
 
     # ---------------------------------------------------------- the pieces

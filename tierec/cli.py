@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -180,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch starts OpenMP: spinning waits made steps 10-20x slower on a
+    # shared 2-core machine (docs/performance.md). A user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from tierec.data.errors import DataError
     from tierec.train.checkpoint import CheckpointError
 

@@ -54,7 +54,7 @@ DATASETS = {
     # 8,000 train rows, 2,000 test rows (the file's last); small batches, so there are steps to prune at
     "criteo": [f"data.source={CRITEO}", "data.test_rows=2000", "train.batch_size=64", "prune.every=10"],
 }
-RATIOS = (2, 4, 8, 16)
+RATIOS = (2, 4, 8, 16, 32, 64, 256)  # uniform dims stop at 16x (dim 1)
 METHODS = ("prune", "frequency", "uniform")
 DIM = 16
 
@@ -117,6 +117,8 @@ def sweep(data: str, seeds: list[int], ratios: tuple[int, ...], methods: tuple[s
         log(f"{data} seed {seed} none auc {base['auc']:.4f} value {base['value_bytes'] / 2**20:.2f} MiB")
         for ratio in ratios:
             for method in methods:
+                if method == "uniform" and DIM % ratio:
+                    continue  # no smaller dim: a row keeps at least one
                 r = run_one(data, method, ratio, seed, root, budget=base["value_bytes"] // ratio)
                 runs.append(r)
                 log(f"{data} seed {seed} {method:9s} x{ratio:<3d} auc {r['auc']:.4f} value {r['value_bytes'] / 2**20:7.2f} MiB "

@@ -72,3 +72,10 @@ def test_final_prune_and_eval_from_checkpoint(tmp_path: Path, capsys) -> None:
     assert main(["eval", str(run / "checkpoints")]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
+
+
+@pytest.mark.parametrize("model", ["dcnv2", "widedeep"])
+def test_every_model_trains_pruned(tmp_path: Path, model: str) -> None:
+    over = SMALL + [f"model.name={model}", "data.synthetic.train_rows=2048", "data.synthetic.test_rows=512", "prune.every=2"]
+    summary = Trainer(load_config(None, over), tmp_path).fit()
+    assert summary["prune"]["pruned_chunks"] > 0 and 0.0 < summary["test_auc"] <= 1.0

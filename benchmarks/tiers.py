@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="disk: timed steps")
     p.add_argument("--warmup", type=int, default=20, help="disk: untimed steps first (the cache warms up)")
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
-    p.add_argument("--modes", default="memory,disk,disk+prefetch", help="disk: runs to compare")
+    p.add_argument("--modes", default="memory,disk,disk+prefetch,disk+prefetch2", help="disk: runs to compare (disk+prefetchN: N batches ahead)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
@@ -178,7 +178,9 @@ class _Runner:
         for g in self.monitor.groups:
             if g.disk is not None:
                 g.disk.drop_page_cache(sync=True)  # the table file starts outside the page cache
-        self.pipe = StorePipeline([self.parts.embeddings], depth=1) if mode.endswith("+prefetch") else None
+        # "disk+prefetch" reads one batch ahead, "disk+prefetch2" two, ...
+        depth = mode.split("+prefetch")[1] if "+prefetch" in mode else ""
+        self.pipe = StorePipeline([self.parts.embeddings], depth=int(depth or 1)) if "+prefetch" in mode else None
         self.times: list[float] = []
         self.marks: list[tuple] = []
         self.rounds: list[tuple[float, float, float]] = []  # per timed chunk: wall s, process CPU s, load
@@ -277,9 +279,10 @@ def run_disk(a: argparse.Namespace) -> dict:
             if m != "memory":
                 ratios[f"{m}/memory throughput"] = r["samples_per_s"] / by["memory"]["samples_per_s"]
                 ratios[f"{m}/memory throughput (paired)"] = paired(m, "memory")
-    if "disk" in by and "disk+prefetch" in by:
-        ratios["step time prefetch/no-prefetch"] = by["disk+prefetch"]["median_step_s"] / by["disk"]["median_step_s"]
-        ratios["step time prefetch/no-prefetch (paired)"] = 1.0 / paired("disk+prefetch", "disk")
+    for m in by:
+        if m.startswith("disk+prefetch") and "disk" in by:
+            ratios[f"step time {m}/disk"] = by[m]["median_step_s"] / by["disk"]["median_step_s"]
+            ratios[f"step time {m}/disk (paired)"] = 1.0 / paired(m, "disk")
     keys = ("tables", "rows", "dim", "train_batch", "zipf", "budget_x", "cache_frac", "steps", "warmup", "rounds", "io_threads")
     return {"workload": {k: getattr(a, k) for k in keys}, "runs": runs, "ratios": ratios}
 

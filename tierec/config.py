@@ -285,7 +285,7 @@ class StoreConfig:
     io_threads: int = 8  # concurrent disk reads
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
     prefetch: bool = False  # pipeline: bring the next batch's rows up while this one computes
-    prefetch_depth: int = 1  # batches read ahead by the pipeline
+    prefetch_depth: int = 2  # batches read ahead by the pipeline
     tables: list[StoreTableConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:

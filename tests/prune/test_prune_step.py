@@ -10,7 +10,7 @@ from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
-from tierec.prune.pruner import select
+from tierec.prune.pruner import _select_sorted, select
 
 DIM, CHUNK = 8, 2
 
@@ -210,6 +210,25 @@ def test_selection_fills_the_budget_exactly_through_ties() -> None:
     s2 = np.array([[9, 1], [8, 2]], dtype=np.float32)
     assert select([s2], [10], 27, row_bytes=[4])[0][0].tolist() == [1, 0]
     assert select([s2], [10], 28, row_bytes=[4])[0][0].tolist() == [1, 1]
+
+
+def test_fast_selection_equals_the_sorted_greedy_one() -> None:
+    g = np.random.default_rng(0)
+    for trial in range(30):
+        groups = []
+        for _ in range(2):
+            raw = g.integers(0, 6, size=(40, 4)).astype(np.float32)  # many ties
+            raw[g.random(40) < 0.2, 2:] = -np.inf  # rows that may not grow
+            groups.append(np.maximum.accumulate(raw[:, ::-1], axis=1)[:, ::-1].copy())  # suffix max
+        perm = g.permutation(80).astype(np.uint64)  # tie keys are distinct (id hashes)
+        keys = [perm[:40], perm[40:]]
+        budget = int(g.integers(0, 3000))
+        for rb in (0, 7):
+            fast, _ = select(groups, [10, 10], budget, keys, [rb, rb])
+            slow, _ = _select_sorted(groups, [10, 10], budget, keys, [rb, rb])
+            assert all((a == b).all() for a, b in zip(fast, slow)), (trial, rb)
+            spent = sum(int(c.sum()) * 10 + int((c > 0).sum()) * rb for c in fast)
+            assert spent <= budget or budget < 0
 
 
 @pytest.mark.parametrize("kind", list(OptimizerKind))

@@ -123,9 +123,10 @@ def _build(CHUNK: int) -> HotKernels:
                 u = inverse[i]
                 ln = length[u]
                 if ln > 0:
-                    base = start[u] * c
-                    for j in range(ln * c):
-                        out[b, f, j] += flat[base + j]
+                    # a slice: indices known non-negative, so the loop vectorises like a dense row's
+                    run = flat[start[u] * c : (start[u] + ln) * c]
+                    for j in range(run.shape[0]):
+                        out[b, f, j] += run[j]
                 elif ln < 0:
                     r = rows[u]
                     for q in range(-ln):
@@ -144,9 +145,9 @@ def _build(CHUNK: int) -> HotKernels:
             r, ln = rows[i], length[i]
             live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
             if ln > 0:
-                base = start[i] * c
-                for j in range(live * c):
-                    flat[base + j] -= lr * (g[i, j] + wd * flat[base + j])
+                w = flat[start[i] * c : (start[i] + live) * c]
+                for j in range(w.shape[0]):
+                    w[j] -= lr * (g[i, j] + wd * w[j])
             else:
                 for q in range(live):
                     p = cmap[r, q]
@@ -161,11 +162,12 @@ def _build(CHUNK: int) -> HotKernels:
             r, ln = rows[i], length[i]
             live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
             if ln > 0:
-                base = start[i] * c
-                for j in range(live * c):
-                    gj = g[i, j] + wd * flat[base + j]
-                    sflat[base + j] += gj * gj
-                    flat[base + j] -= lr * gj / (np.sqrt(sflat[base + j]) + eps)
+                lo, hi = start[i] * c, (start[i] + live) * c
+                w, ss = flat[lo:hi], sflat[lo:hi]
+                for j in range(w.shape[0]):
+                    gj = g[i, j] + wd * w[j]
+                    ss[j] += gj * gj
+                    w[j] -= lr * gj / (np.sqrt(ss[j]) + eps)
             else:
                 for q in range(live):
                     p = cmap[r, q]
@@ -183,9 +185,9 @@ def _build(CHUNK: int) -> HotKernels:
             live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
             acc = np.float32(0.0)
             if ln > 0:
-                base = start[i] * c
-                for j in range(live * c):
-                    gj = g[i, j] + wd * flat[base + j]
+                w = flat[start[i] * c : (start[i] + live) * c]
+                for j in range(w.shape[0]):
+                    gj = g[i, j] + wd * w[j]
                     acc += gj * gj
             else:
                 for q in range(live):
@@ -196,9 +198,9 @@ def _build(CHUNK: int) -> HotKernels:
             s_row[r] += acc / d
             scale = lr / (np.sqrt(s_row[r]) + eps)
             if ln > 0:
-                base = start[i] * c
-                for j in range(live * c):
-                    flat[base + j] -= scale * (g[i, j] + wd * flat[base + j])
+                w = flat[start[i] * c : (start[i] + live) * c]
+                for j in range(w.shape[0]):
+                    w[j] -= scale * (g[i, j] + wd * w[j])
             else:
                 for q in range(live):
                     p = cmap[r, q]
@@ -214,13 +216,13 @@ def _build(CHUNK: int) -> HotKernels:
             r, ln = rows[i], length[i]
             live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
             if ln > 0:
-                base = start[i] * c
-                for j in range(live * c):
-                    x = base + j
-                    gj = g[i, j] + wd * flat[x]
-                    mflat[x] += (gj - mflat[x]) * (1 - b1)
-                    vflat[x] += (gj * gj - vflat[x]) * (1 - b2)
-                    flat[x] -= step_size * mflat[x] / (np.sqrt(vflat[x]) + eps)
+                lo, hi = start[i] * c, (start[i] + live) * c
+                w, mm, vv = flat[lo:hi], mflat[lo:hi], vflat[lo:hi]
+                for j in range(w.shape[0]):
+                    gj = g[i, j] + wd * w[j]
+                    mm[j] += (gj - mm[j]) * (1 - b1)
+                    vv[j] += (gj * gj - vv[j]) * (1 - b2)
+                    w[j] -= step_size * mm[j] / (np.sqrt(vv[j]) + eps)
             else:
                 for q in range(live):
                     p = cmap[r, q]

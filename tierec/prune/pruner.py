@@ -163,40 +163,63 @@ def select(
     Keeps the highest-scoring positions (``scores[g]`` is ``[n_rows, K]``, non-increasing
     along each row, -inf = may not be kept, +inf = must be kept) whose bytes fit in
     ``budget``; a position costs ``chunk_bytes[g]``, and a row's first one also
-    ``row_bytes[g]`` (per-row state that goes when a row keeps nothing). Ties at the threshold are filled in the order of ``tie_keys[g]`` ([n_rows],
-    a hash of each row's id, so decisions do not depend on row numbering; default: row
-    order), so the budget is met exactly. Each row keeps a prefix.
+    ``row_bytes[g]`` (per-row state that goes when a row keeps nothing). Positions tied
+    at the threshold are filled in the order of ``tie_keys[g]`` ([n_rows], a hash of
+    each row's id, so decisions do not depend on row numbering; default: row order),
+    so the budget is used up. Each row keeps a prefix.
     """
+    n_groups = len(scores)
     if tie_keys is None:
         tie_keys = [np.arange(s.shape[0], dtype=np.uint64) for s in scores]
-    row_bytes = row_bytes or [0] * len(scores)
+    row_bytes = row_bytes or [0] * n_groups
     cand = [s > -np.inf for s in scores]
     need = sum(int(c.sum()) * b + int(c[:, 0].sum()) * rb for c, b, rb in zip(cand, chunk_bytes, row_bytes))
     if need <= budget:
         return [c.sum(axis=1) for c in cand], -np.inf
-    if len(set(chunk_bytes)) > 1 or any(row_bytes):
+    if len(set(zip(chunk_bytes, row_bytes))) > 1:
         return _select_sorted(scores, chunk_bytes, budget, tie_keys, row_bytes)
-    k = max(budget // chunk_bytes[0], 0)  # positions that fit
-    values = np.concatenate([s[c] for s, c in zip(scores, cand)])
-    must = int((values == np.inf).sum())
-    if k <= must:
-        return [(s == np.inf).sum(axis=1) for s in scores], np.inf
-    tau = np.partition(values, values.size - k)[values.size - k]  # the k-th largest
-    counts = [(s > tau).sum(axis=1) for s in scores]
-    spare = k - sum(int(c.sum()) for c in counts)
-    # ties: whole prefixes of tied positions, rows in tie-key order across all groups
-    ties = [(s == tau).sum(axis=1) for s in scores]
-    tied = [(g, r) for g, t in enumerate(ties) for r in [np.flatnonzero(t)]]
-    g_of = np.concatenate([np.full(r.size, g) for g, r in tied])
-    r_of = np.concatenate([r for _, r in tied])
-    n_of = np.concatenate([ties[g][r] for g, r in tied])
-    order = np.argsort(np.concatenate([tie_keys[g][r] for g, r in tied]), kind="stable")
-    before = np.cumsum(n_of[order]) - n_of[order]
-    take = np.clip(spare - before, 0, n_of[order])
-    for g in range(len(scores)):
-        sel = g_of[order] == g
-        np.add.at(counts[g], r_of[order][sel], take[sel])
-    return counts, float(tau)
+    b, rb = chunk_bytes[0], row_bytes[0]
+    values = np.sort(np.concatenate([s[c] for s, c in zip(scores, cand)]))  # ascending
+    firsts = np.sort(np.concatenate([s[:, 0][c[:, 0]] for s, c in zip(scores, cand)]))
+
+    def cost(v: float) -> int:  # bytes of every position scoring >= v
+        n_all = values.size - np.searchsorted(values, v, "left")
+        n_first = firsts.size - np.searchsorted(firsts, v, "left")
+        return int(n_all) * b + int(n_first) * rb
+
+    lo, hi = 0, values.size  # the smallest index whose value's positions all fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cost(values[mid]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    tau = float(values[lo]) if lo < values.size else np.inf
+    counts = [(s >= tau).sum(axis=1) for s in scores]
+    spare = budget - cost(tau)
+    if lo == 0 or spare <= 0:
+        return counts, tau
+    # the next lower value does not fit whole: take its tied positions, rows in tie-key order
+    t2 = values[lo - 1]
+    parts = []  # per group: (group, row, tied positions, opens the row, tie key) of rows with ties
+    for g, s in enumerate(scores):
+        t = (s == t2).sum(axis=1)
+        r = np.flatnonzero(t)
+        parts.append((np.full(r.size, g), r, t[r], (counts[g][r] == 0).astype(np.int64), tie_keys[g][r]))
+    g_of, r_of, n_tied, opens, keys = (np.concatenate(x) for x in zip(*parts))
+    order = np.argsort(keys, kind="stable")
+    g_of, r_of, n_tied, opens = g_of[order], r_of[order], n_tied[order], opens[order]
+    whole = n_tied * b + opens * rb  # a row keeping nothing so far also pays its row bytes
+    fits = np.cumsum(whole) <= spare
+    n_whole = int(fits.sum())  # rows taken whole, then at most one part
+    take = np.where(fits, n_tied, 0)
+    if n_whole < take.size:
+        left = spare - int(whole[:n_whole].sum()) - int(opens[n_whole]) * rb
+        take[n_whole] = min(max(left // b, 0), n_tied[n_whole])
+    for g in range(n_groups):
+        sel = g_of == g
+        np.add.at(counts[g], r_of[sel], take[sel])
+    return counts, tau
 
 
 def _select_sorted(

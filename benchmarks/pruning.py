@@ -21,10 +21,10 @@ alternates timed rounds of unpruned and pruned training steps in one process.
 
 Run from the repository root (docs/pruning.md has the exact commands):
 
-    python -m benchmarks.pruning --data synthetic --seeds 0 --out runs/bench/pruning_synthetic.json
-    python -m benchmarks.pruning --data criteo --seeds 0,1,2 --out runs/bench/pruning_criteo.json
+    python -m benchmarks.pruning --data synthetic --seeds 0,1 --out runs/bench/pruning_synthetic.json
+    python -m benchmarks.pruning --data criteo --seeds 0,1,2,3,4 --out runs/bench/pruning_criteo.json
     python -m benchmarks.pruning --data synthetic --skip-sweep --throughput-rounds 9 --out runs/bench/pruning_tp.json
-    python -m benchmarks.pruning --plot docs/pruning.png runs/bench/pruning_synthetic.json runs/bench/pruning_criteo.json
+    python -m benchmarks.pruning --plot docs/pruning.png runs/bench/pruning_*.json
 
 >>> from benchmarks.pruning import overrides
 >>> overrides("synthetic", "uniform", 4, seed=0)[-1]
@@ -300,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         results = [result]
     for r in results:
         print(f"\n### {r['data']}\n")
-        print(table(r["summary"]))
+        if r["summary"]:
+            print(table(r["summary"]))
         if "throughput" in r:
             t = r["throughput"]
             print(f"\nthroughput, pruned to {t['budget_bytes'] / 2**20:.2f} MiB vs unpruned ({t['rounds']} windows of "
                   f"{t['steps']} steps): samples per CPU second {t['samples_per_cpu_s']['on']:,.0f} vs "
                   f"{t['samples_per_cpu_s']['off']:,.0f}, median ratio {t['ratio_cpu']:.3f} (CPU), {t['ratio_wall']:.3f} (wall)")
     if a.plot:
-        plot({r["data"]: r["summary"] for r in results}, a.plot)
+        plot({r["data"]: r["summary"] for r in results if r["summary"]}, a.plot)
         print(f"\nplot: {a.plot}")
     return 0
 

@@ -10,6 +10,13 @@ PrunedGroup computes bit-identical weights to a TableGroup. The update kernels
 also accumulate each chunk's importance: ``||g_chunk||`` (or 1 per access for
 the frequency baseline) into the live chunk, and into ``next_imp[r]`` for the
 first pruned position (its claim to grow back).
+
+>>> import numpy as np
+>>> cmap = np.array([[4, 5, -1], [7, 2, -1], [-1, -1, -1]], dtype=np.int32)  # 3 rows, 3 positions
+>>> start, length = np.empty(3, dtype=np.int64), np.empty(3, dtype=np.int64)
+>>> row_segments(cmap, np.array([0, 1, 2]), start, length)
+>>> start.tolist(), length.tolist()  # row 0 in one run, row 1 scattered, row 2 empty
+([4, 7, -1], [2, -2, 0])
 """
 
 from __future__ import annotations

@@ -11,6 +11,18 @@ for checking the fused path).
 The gradient of a pruned dim is still formed (it is the gradient of a zero
 input): the update does not apply it, it only adds its norm to the row's claim
 to grow that chunk back.
+
+>>> import torch
+>>> from tierec.batch import SparseFeatures
+>>> from tierec.config import PruneConfig
+>>> from tierec.embedding import EmbeddingCollection, TableConfig
+>>> from tierec.prune import pruned_group_factory
+>>> coll = EmbeddingCollection([TableConfig(name="t", dim=8, features=["f"])], ["f"],
+...                            group_factory=pruned_group_factory(PruneConfig(chunk=4)))
+>>> out = coll(SparseFeatures.one_hot(("f",), torch.tensor([[3], [4]])))  # pool_chunked
+>>> out.sum().backward()  # the chunked fused optimizer ran
+>>> out.shape
+torch.Size([2, 1, 8])
 """
 
 from __future__ import annotations

@@ -194,7 +194,10 @@ class EmbeddingConfig:
 class ModelConfig:
     name: str = "dlrm"  # dlrm | deepfm | dcnv2 | widedeep
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 32])  # dlrm; last layer is projected to embedding.dim
-    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # dlrm top, deep tower of the others
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # dlrm: the MLP over the interactions
+    # deepfm, widedeep, dcnv2: the deep tower over [dense, flattened embeddings]. Wider than
+    # DLRM's top MLP: it must learn feature interactions from a flat input by itself.
+    deep_mlp: list[int] = field(default_factory=lambda: [256, 128])
     cross_layers: int = 2  # dcnv2
     cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
     dropout: float = 0.0
@@ -203,7 +206,7 @@ class ModelConfig:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
         if self.name not in names:
             raise ConfigError(f"model.name {self.name!r} is not one of {sorted(names)}")
-        for key in ("bottom_mlp", "top_mlp"):
+        for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
             sizes = getattr(self, key)
             if any(s <= 0 for s in sizes):
                 raise ConfigError(f"model.{key} layer sizes must be positive, got {sizes}")
@@ -222,7 +225,7 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int = 0  # 0 = run the epochs
     dense_optimizer: str = "adam"  # adam | adagrad | sgd
-    dense_lr: float = 1e-3
+    dense_lr: float = 3e-3
     eval_every: int = 0  # steps; 0 = only at the end
     eval_batches: int = 0  # 0 = whole test split
     checkpoint_every: int = 0  # steps; 0 = only at the end

@@ -13,10 +13,10 @@ from tierec.models import CTRModel, build_model, model_class
 N_DENSE, N_SPARSE, DIM = 5, 4, 8
 CONFIGS = {
     "dlrm": ModelConfig(name="dlrm", bottom_mlp=[16], top_mlp=[16, 8]),
-    "deepfm": ModelConfig(name="deepfm", top_mlp=[16, 8]),
-    "dcnv2": ModelConfig(name="dcnv2", top_mlp=[16, 8], cross_layers=2),
-    "dcnv2_lowrank": ModelConfig(name="dcnv2", top_mlp=[16], cross_layers=2, cross_rank=4),
-    "widedeep": ModelConfig(name="widedeep", top_mlp=[16, 8]),
+    "deepfm": ModelConfig(name="deepfm", deep_mlp=[16, 8]),
+    "dcnv2": ModelConfig(name="dcnv2", deep_mlp=[16, 8], cross_layers=2),
+    "dcnv2_lowrank": ModelConfig(name="dcnv2", deep_mlp=[16], cross_layers=2, cross_rank=4),
+    "widedeep": ModelConfig(name="widedeep", deep_mlp=[16, 8]),
 }
 
 
@@ -54,6 +54,9 @@ def test_uses_wide_flags() -> None:
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_gradients_reach_every_parameter(key: str) -> None:
     model = make(key)
+    if key == "deepfm":  # the FM weight starts at 0, which blocks the gradient of the FM's own inputs
+        with torch.no_grad():
+            model.fm_weight.fill_(0.5)
     dense, emb, wide = (t.requires_grad_() for t in inputs(32))
     logits = model(dense, emb, wide if model.uses_wide else None)
     F.binary_cross_entropy_with_logits(logits, (torch.arange(32) % 2).float()).backward()

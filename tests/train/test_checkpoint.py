@@ -218,7 +218,7 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> 
 
 
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
-    cfg = ModelConfig(name="deepfm", top_mlp=[8, 8], dropout=0.3)  # dropout makes the RNG state matter
+    cfg = ModelConfig(name="deepfm", deep_mlp=[8, 8], dropout=0.3)  # dropout makes the RNG state matter
     torch.manual_seed(0)
     model = build_model(cfg, 3, 4, 5)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

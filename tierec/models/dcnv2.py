@@ -2,17 +2,17 @@
 
 ``x0 = [dense, flattened emb]``; each cross layer computes
 ``x_{l+1} = x0 * (W x_l + b) + x_l`` with ``W`` full or, when
-``cross_rank > 0``, the low-rank ``U V^T``. The deep MLP (``top_mlp``) runs on
+``cross_rank > 0``, the low-rank ``U V^T``. The deep MLP (``deep_mlp``) runs on
 the cross output and a 1-unit linear layer gives the logit.
 
 Stacked rather than parallel: the paper reports the two on par on Criteo, the
 stacked form has one path (the deep tower sees explicit crosses directly) and
-no extra concatenation; ``top_mlp = []`` gives the cross-only model.
+no extra concatenation; ``deep_mlp = []`` gives the cross-only model.
 
 >>> import torch
 >>> from tierec.config import ModelConfig
 >>> from tierec.models.dcnv2 import DCNv2
->>> m = DCNv2(ModelConfig(name="dcnv2", top_mlp=[8], cross_rank=2), n_dense=3, n_sparse=4, dim=2)
+>>> m = DCNv2(ModelConfig(name="dcnv2", deep_mlp=[8], cross_rank=2), n_dense=3, n_sparse=4, dim=2)
 >>> m(torch.randn(5, 3), torch.randn(5, 4, 2), None).shape
 torch.Size([5])
 """
@@ -34,7 +34,7 @@ class DCNv2(CTRModel):
         super().__init__(n_dense, n_sparse, dim)
         in_dim = n_dense + n_sparse * dim
         self.cross = CrossNetV2(in_dim, cfg.cross_layers, cfg.cross_rank)
-        self.deep = MLP(in_dim, cfg.top_mlp, cfg.dropout)
+        self.deep = MLP(in_dim, cfg.deep_mlp, cfg.dropout)
         self.out = output_layer(self.deep.out_dim)
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:

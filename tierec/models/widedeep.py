@@ -2,14 +2,14 @@
 
 - wide: ``sum_f wide[:, f]`` (first-order weight of each sparse id) plus a
   linear map of the dense features;
-- deep: MLP (``top_mlp``) over ``[dense, flattened emb]`` and a 1-unit output.
+- deep: MLP (``deep_mlp``) over ``[dense, flattened emb]`` and a 1-unit output.
 
 The logit is ``wide + deep``; the deep output layer carries the only bias.
 
 >>> import torch
 >>> from tierec.config import ModelConfig
 >>> from tierec.models.widedeep import WideDeep
->>> m = WideDeep(ModelConfig(name="widedeep", top_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
+>>> m = WideDeep(ModelConfig(name="widedeep", deep_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
 >>> m(torch.randn(5, 3), torch.randn(5, 4, 2), torch.randn(5, 4)).shape
 torch.Size([5])
 """
@@ -30,7 +30,7 @@ class WideDeep(CTRModel):
     def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
         super().__init__(n_dense, n_sparse, dim)
         self.wide_dense = dense_linear(n_dense, 1)
-        self.deep = MLP(n_dense + n_sparse * dim, cfg.top_mlp, cfg.dropout)
+        self.deep = MLP(n_dense + n_sparse * dim, cfg.deep_mlp, cfg.dropout)
         self.out = output_layer(self.deep.out_dim)
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:

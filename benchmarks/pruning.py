@@ -7,6 +7,8 @@ config apart from the method) at no pruning and at each target ratio:
   gradient magnitude (``prune.importance=gradient``), with regrowth;
 - ``frequency``: the same machinery and the same bytes, importance = access
   frequency alone (dims assigned by frequency);
+- ``prune_noshrink`` (ablation, not run by default): ``prune`` with
+  ``prune.shrinkage=0``, each row's own gradient sum unshrunk;
 - ``uniform``: every row the same smaller dim, ``embedding.dim = D / ratio``
   (a plain, unpruned run).
 
@@ -55,17 +57,19 @@ DATASETS = {
     "criteo": [f"data.source={CRITEO}", "data.test_rows=2000", "train.batch_size=64", "prune.every=10"],
 }
 RATIOS = (2, 4, 8, 16, 32, 64, 256)  # uniform dims stop at 16x (dim 1)
-METHODS = ("prune", "frequency", "uniform")
+METHODS = ("prune", "frequency", "uniform")  # the default set; also "prune_noshrink"
 DIM = 16
 
 
 def overrides(data: str, method: str, ratio: int, seed: int, budget: int = 0) -> list[str]:
     """Config overrides of one run; pruning runs get ``budget`` bytes (else ``target_ratio``)."""
     over = DATASETS[data] + [f"train.seed={seed}", "train.progress=false", f"embedding.dim={DIM}"]
-    if method in ("prune", "frequency"):
-        importance = "gradient" if method == "prune" else "frequency"
+    if method in ("prune", "frequency", "prune_noshrink"):
+        importance = "frequency" if method == "frequency" else "gradient"
         target = f"prune.memory_budget={budget}" if budget else f"prune.target_ratio={ratio}"
         over += ["prune.enabled=true", target, f"prune.importance={importance}"]
+        if method == "prune_noshrink":
+            over += ["prune.shrinkage=0"]
     elif method == "uniform":
         over += [f"embedding.dim={DIM // ratio}"]
     return over

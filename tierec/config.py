@@ -328,6 +328,10 @@ class PruneConfig:
     target_ratio: float = 4.0
     decay: float = 0.8  # importance kept from one pruning step to the next
     importance: str = "gradient"  # "gradient": frequency x gradient magnitude | "frequency" (baseline)
+    # "gradient": a row's mean gradient magnitude is shrunk toward its table's mean at that chunk
+    # position, as if the row had this many more accesses at the table's mean (0 = the row's own
+    # sum only). Rows seen a few times have mostly label noise in their gradients; see docs/pruning.md.
+    shrinkage: float = 8.0
     regrow: bool = True  # a pruned chunk of a row that became important grows back (zeros, fresh state)
     regrow_margin: float = 1.5  # it must reach this multiple of the threshold (hysteresis)
     init_dim: int = 0  # dims of a newly inserted row; 0 = full
@@ -353,6 +357,8 @@ class PruneConfig:
             raise ConfigError(f"prune.importance {self.importance!r} is not one of gradient, frequency")
         if self.regrow_margin < 1.0:
             raise ConfigError("prune.regrow_margin must be >= 1")
+        if self.shrinkage < 0:
+            raise ConfigError("prune.shrinkage must be >= 0")
         if self.init_dim < 0 or self.min_dim < 0 or self.init_dim % self.chunk or self.min_dim % self.chunk:
             raise ConfigError("prune.init_dim and prune.min_dim must be >= 0 and multiples of prune.chunk")
         if not 0.0 < self.compact_free_fraction <= 1.0:

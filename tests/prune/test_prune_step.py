@@ -141,7 +141,8 @@ def test_compaction_keeps_every_row_and_state() -> None:
 
 
 def test_pruned_chunks_grow_back_when_the_row_becomes_important() -> None:
-    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=8.0, regrow_margin=1.0, decay=0.1)
+    # shrinkage 0: its per-row count would not fit an 8x budget with every row kept (evict_empty_rows off)
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, target_ratio=8.0, regrow_margin=1.0, decay=0.1, shrinkage=0.0)
     coll = _coll(cfg)
     _train(coll, 10)
     pruner = Pruner(coll, cfg)
@@ -243,3 +244,56 @@ def test_every_optimizer_prunes_and_trains(kind: OptimizerKind) -> None:
     g = _group(coll)
     assert g.value_bytes() <= g.full_value_bytes() / 2 + g.chunks.bytes_per_chunk() * 200
     assert torch.isfinite(g.chunks.weights).all()
+
+
+def test_shrunk_importance_matches_a_written_out_reference() -> None:
+    """Score n (S + k m) / (n + k), m = the table's sum of S over its sum of n at that position."""
+    k = 5.0
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, shrinkage=k)
+    coll = _coll(cfg)
+    _train(coll, 12)
+    g = _group(coll)
+    rows = np.arange(g.num_rows)
+    g.set_row_dims(rows, (rows % (DIM // CHUNK + 1)) * CHUNK)  # some prefixes of every length
+    _train(coll, 6, seed=2)
+    imp, claim = g.shrunk_importance()
+    raw, n_rows, n_pos = g.chunks.importance, g.num_rows, DIM // CHUNK
+    tabs = g.index.row_tabs[:n_rows]
+    assert g.count[:n_rows].max() > 1 and g.count[:n_rows].min() >= 0
+    s_sum, n_sum = {}, {}
+    for r in range(n_rows):
+        for q in range(n_pos):
+            p = g.cmap[r, q]
+            if p >= 0:
+                key = (int(tabs[r]), q)
+                s_sum[key] = s_sum.get(key, 0.0) + float(raw[p])
+                n_sum[key] = n_sum.get(key, 0.0) + float(g.count[r])
+    for r in range(n_rows):
+        n = float(g.count[r])
+        live = 0
+        for q in range(n_pos):
+            p = g.cmap[r, q]
+            if p < 0:
+                break
+            live += 1
+            m = s_sum[(int(tabs[r]), q)] / n_sum[(int(tabs[r]), q)]
+            assert imp[p] == pytest.approx(n * (float(raw[p]) + k * m) / (n + k), rel=1e-5)
+        if live < n_pos and (int(tabs[r]), live) in s_sum:
+            m = s_sum[(int(tabs[r]), live)] / n_sum[(int(tabs[r]), live)]
+            assert claim[r] == pytest.approx(n * (float(g.next_imp[r]) + k * m) / (n + k), rel=1e-5)
+
+
+def test_shrinkage_ranks_a_rarely_seen_row_of_an_important_table_above_noise() -> None:
+    """One access with a large gradient: without shrinkage it outranks rows seen many times."""
+    cfg = PruneConfig(enabled=True, evict_empty_rows=False, chunk=CHUNK, shrinkage=8.0)
+    g = PrunedGroup([TableConfig(name="t", dim=DIM, features=["t"])], cfg)
+    rows = g.lookup(np.arange(3, dtype=np.int64), np.zeros(3, dtype=np.int32), insert=True)
+    for step in range(20):  # rows 0 and 1 are seen every step with small gradients
+        g.update(rows[:2], torch.full((2, DIM), 0.1))
+    g.update(rows[2:], torch.full((1, DIM), 3.0))  # row 2: once, with a large (noisy) gradient
+    raw = g.chunks.importance[g.cmap[:3, 0]]
+    shrunk = g.shrunk_importance()[0][g.cmap[:3, 0]]
+    assert raw[2] > raw[0]  # its own sum says row 2 matters most
+    assert shrunk[2] < shrunk[0]  # shrunk toward the table's mean, its single access counts for little
+    g0 = PrunedGroup([TableConfig(name="t", dim=DIM, features=["t"])], PruneConfig(enabled=True, chunk=CHUNK, shrinkage=0.0))
+    assert g0.count.size == 0  # no per-row count is kept without shrinkage

@@ -7,7 +7,9 @@ optimizer state with one value per dim lives in the pool beside the weights
 and is freed with its chunk; row-wise Adagrad's one float per row stays with
 the row. Each live chunk carries an importance (decayed sum of its gradient
 norms, i.e. access frequency times gradient magnitude), and each row a claim
-``next_imp`` of its first pruned chunk to grow back; the Pruner
+``next_imp`` of its first pruned chunk to grow back, and (importance by
+gradient) a decayed access count, with which :meth:`keep_scores` shrinks a
+row's mean gradient magnitude toward its table's; the Pruner
 (tierec/prune/pruner.py) reads them to decide the dims.
 
 With every row at full dim the forward and the updates are bit-identical to
@@ -62,6 +64,7 @@ class PrunedGroup(TableGroup):
         self.kernels = kernels.hot_kernels(cfg.chunk)  # forward and optimizers, specialised to the chunk size
         self.init_chunks = min(cfg.init_dim // cfg.chunk or self.n_pos, self.n_pos)
         self.by_grad = cfg.importance == "gradient"
+        self.shrinkage = float(cfg.shrinkage) if self.by_grad else 0.0
         self.index = HashIndex()
         self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
         shapes = state_shapes(self.optimizer.kind, self.dim)
@@ -71,6 +74,7 @@ class PrunedGroup(TableGroup):
         cap = self.index.row_capacity
         self.cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)  # [R, K] physical chunk or -1
         self.next_imp = np.zeros(cap, dtype=np.float32)  # [R] claim of the first pruned chunk to grow back
+        self.count = np.zeros(cap if self.shrinkage else 0, dtype=np.float32)  # [R] decayed accesses (shrinkage only)
         self.row_state = {n: torch.full((cap,), v) for n, v in self.row_state_init.items()}  # [R] each
         self.pruned = np.zeros(len(tables), dtype=np.int64)  # chunks pruned, per table
         self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
@@ -87,6 +91,8 @@ class PrunedGroup(TableGroup):
         cmap[:old] = self.cmap
         self.cmap = cmap
         self.next_imp = np.concatenate([self.next_imp, np.zeros(cap - old, dtype=np.float32)])
+        if self.shrinkage:
+            self.count = np.concatenate([self.count, np.zeros(cap - old, dtype=np.float32)])
         for n, s in self.row_state.items():
             self.row_state[n] = torch.cat([s, torch.full((cap - old,), self.row_state_init[n])])
 
@@ -97,6 +103,8 @@ class PrunedGroup(TableGroup):
         engine_kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
         kernels.scatter_rows(self.chunks.weights.numpy(), self.cmap, rows, w)
         self.next_imp[rows] = 0.0
+        if self.shrinkage:
+            self.count[rows] = 0.0
         r = torch.from_numpy(rows)
         for n, s in self.row_state.items():
             s.index_fill_(0, r, self.row_state_init[n])
@@ -172,6 +180,8 @@ class PrunedGroup(TableGroup):
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
         st, ln = segments if segments is not None else self.segments(r)
+        if self.shrinkage:
+            self.count[r[r >= 0]] += np.float32(1.0)  # the rows of a batch are unique
         pw, cm, imp, nxt, by = self.chunks.weights.numpy(), self.cmap, self.chunks.importance, self.next_imp, self.by_grad
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
         state = self.chunks.state
@@ -194,8 +204,46 @@ class PrunedGroup(TableGroup):
 
     def keep_scores(self, min_chunks: int, regrow: bool, margin: float) -> np.ndarray:  # [n_rows, K] float32
         out = np.empty((self.num_rows, self.n_pos), dtype=np.float32)
-        kernels.row_scores(self.cmap, self.num_rows, self.chunks.importance, self.next_imp, min_chunks, regrow, margin, out)
+        imp, claim = self.shrunk_importance() if self.shrinkage else (self.chunks.importance, self.next_imp)
+        kernels.row_scores(self.cmap, self.num_rows, imp, claim, min_chunks, regrow, margin, out)
         return out
+
+    def shrunk_importance(self) -> tuple[np.ndarray, np.ndarray]:
+        """Importance of every chunk and claim of every row, with the gradient magnitude shrunk.
+
+        A chunk's importance ``S`` is the decayed sum of its gradient norms over its
+        row's ``n`` (decayed) accesses, so ``S / n`` estimates its mean gradient
+        magnitude; with few accesses that estimate is mostly label noise. With ``k``
+        = ``prune.shrinkage`` and ``m`` its table's mean at that chunk position
+        (sum of ``S`` over sum of ``n``), the score is ``n (S + k m) / (n + k)``:
+        access frequency times a mean gradient magnitude that leans on the table's
+        until the row has been seen about ``k`` times. Claims (``next_imp``, the
+        first pruned position) get the same treatment.
+        """
+        n_rows, k = self.num_rows, np.float32(self.shrinkage)
+        cmap = self.cmap[:n_rows]
+        live = self.live_chunks()
+        tabs = self.index.row_tabs[:n_rows].astype(np.int64)
+        cnt = self.count[:n_rows]
+        n_tab = len(self.tables)
+        mask = cmap >= 0  # [n, K]: a prefix per row
+        r_idx, q_idx = np.nonzero(mask)
+        chunk = cmap[r_idx, q_idx].astype(np.int64)
+        raw = self.chunks.importance
+        cell = tabs[r_idx] * self.n_pos + q_idx  # (table, position) of each live chunk
+        sums = np.bincount(cell, weights=raw[chunk], minlength=n_tab * self.n_pos)
+        accesses = np.bincount(cell, weights=cnt[r_idx], minlength=n_tab * self.n_pos)
+        mean = (sums / np.maximum(accesses, 1e-12)).astype(np.float32)  # [T * K]
+        n = cnt[r_idx]
+        imp = raw.copy()
+        imp[chunk] = n * (raw[chunk] + k * mean[cell]) / (n + k)
+        claim = self.next_imp.copy()
+        part = np.flatnonzero(live < self.n_pos)
+        if part.size:
+            c = tabs[part] * self.n_pos + live[part]
+            n = cnt[part]
+            claim[part] = n * (self.next_imp[part] + k * mean[c]) / (n + k)
+        return imp, claim
 
     def apply_counts(self, counts: np.ndarray) -> tuple[int, int]:
         """Set every row's chunk count to ``counts`` [n_rows] (each at most one more than now).
@@ -248,6 +296,10 @@ class PrunedGroup(TableGroup):
         cmap[:k] = self.cmap[keep]
         next_imp = np.zeros(cap, dtype=np.float32)
         next_imp[:k] = self.next_imp[keep]
+        if self.shrinkage:
+            count = np.zeros(cap, dtype=np.float32)
+            count[:k] = self.count[keep]
+            self.count = count
         t = torch.from_numpy(keep)
         for name, st in self.row_state.items():
             fresh = torch.full((cap,), self.row_state_init[name])
@@ -265,6 +317,8 @@ class PrunedGroup(TableGroup):
     def decay_importance(self, factor: float) -> None:
         self.chunks.importance *= np.float32(factor)
         self.next_imp[: self.num_rows] *= np.float32(factor)
+        if self.shrinkage:
+            self.count[: self.num_rows] *= np.float32(factor)
 
     def compact(self) -> None:
         """Shrink the pool to its live chunks, each row's chunks one after another in row order.
@@ -285,8 +339,8 @@ class PrunedGroup(TableGroup):
     def dim_histogram(self) -> np.ndarray:  # [K+1] rows with 0, c, 2c, ..., D dims
         return np.bincount(self.live_chunks(), minlength=self.n_pos + 1)
 
-    def bytes_per_row(self) -> int:  # bytes of one full-dim row: weights, optimizer state, importance
-        return self.n_pos * self.chunks.bytes_per_chunk() + 4 * len(self.row_state)
+    def bytes_per_row(self) -> int:  # bytes of one full-dim row: weights, optimizer state, importance, count
+        return self.n_pos * self.chunks.bytes_per_chunk() + 4 * self._row_floats()
 
     def pool_bytes(self) -> int:  # bytes the pool has allocated (what the budget limits)
         return self.chunks.nbytes()
@@ -294,8 +348,11 @@ class PrunedGroup(TableGroup):
     def value_bytes(self) -> int:  # bytes of the live chunks and the per-row optimizer state (no slack, no maps)
         return self.chunks.num_live * self.chunks.bytes_per_chunk() + self.row_state_bytes()
 
-    def row_state_bytes(self) -> int:  # bytes of per-row optimizer state of the rows (row-wise Adagrad)
-        return self.num_rows * 4 * len(self.row_state)
+    def row_state_bytes(self) -> int:  # bytes of per-row state: optimizer (row-wise Adagrad), access count
+        return self.num_rows * 4 * self._row_floats()
+
+    def _row_floats(self) -> int:  # per-row floats the budget counts: optimizer state, access count
+        return len(self.row_state) + (1 if self.shrinkage else 0)
 
     def full_value_bytes(self) -> int:
         """Bytes a plain TableGroup would hold for every row inserted (weights, optimizer state).
@@ -306,7 +363,7 @@ class PrunedGroup(TableGroup):
         return (self.num_rows + int(self.evicted.sum())) * 4 * (self.dim * per_dim + len(self.row_state))
 
     def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
-        rows = self.cmap.nbytes + self.next_imp.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
+        rows = self.cmap.nbytes + self.next_imp.nbytes + self.count.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
         return self.chunks.nbytes() + rows + self.index.nbytes()
 
     # ------------------------------------------------------------------- state
@@ -329,6 +386,7 @@ class PrunedGroup(TableGroup):
             "chunked.weights": torch.from_numpy(self._gather_array(self.chunks.weights, rows)[dmask]),
             "chunked.importance": torch.from_numpy(self.chunks.importance[self.cmap[rows][cmask]].copy()),
             "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
+            "access_count": torch.from_numpy(self.count[rows].copy() if self.shrinkage else np.zeros(rows.shape[0], np.float32)),
             "pruned_chunks": torch.tensor(int(self.pruned[t])),
             "regrown_chunks": torch.tensor(int(self.regrown[t])),
             "evicted_rows": torch.tensor(int(self.evicted[t])),
@@ -368,6 +426,8 @@ class PrunedGroup(TableGroup):
         else:
             self.chunks.importance[self.cmap[rows][cmask]] = sd["chunked.importance"].numpy()
             self.next_imp[rows] = sd["next_importance"].numpy()
+            if self.shrinkage and "access_count" in sd:
+                self.count[rows] = sd["access_count"].numpy()
             self.pruned[t] = int(sd["pruned_chunks"])
             self.regrown[t] = int(sd["regrown_chunks"])
             self.evicted[t] = int(sd["evicted_rows"])

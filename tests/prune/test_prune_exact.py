@@ -100,7 +100,7 @@ def _assert_same_rows(plain: EmbeddingCollection, pruned: EmbeddingCollection) -
     # the optimizer state of live dims too
     live = torch.from_numpy(np.arange(gq.dim) < (gq.live_chunks() * gq.chunk)[:, None])
     for name, s in gq.chunks.state.items():
-        got = torch.from_numpy(gq._gather_array(s, rows))
+        got = torch.from_numpy(gq._gather_dense(name, rows))
         assert torch.equal(gp.state[name][: gp.num_rows][live], got[live]), name
     for name, s in gq.row_state.items():
         assert torch.equal(gp.state[name][: gp.num_rows], s[: gq.num_rows]), name

@@ -13,7 +13,11 @@ row's mean gradient magnitude toward its table's; the Pruner
 (tierec/prune/pruner.py) reads them to decide the dims.
 
 With every row at full dim the forward and the updates are bit-identical to
-TableGroup (tests/prune/test_group_exact.py).
+TableGroup (tests/prune/test_group_exact.py). With a ``tier_spec`` the chunks
+live in the tiered store (:class:`~tierec.prune.tiered_pool.TieredChunkPool`):
+each batch's chunks are brought into the fast tier and the kernels run on it
+through a batch-local map of cache slots (:meth:`view`), with the same results
+as the all-in-memory pool (tests/prune/test_tiered_prune.py).
 
 >>> import numpy as np
 >>> from tierec.config import PruneConfig
@@ -26,6 +30,8 @@ TableGroup (tests/prune/test_group_exact.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,11 +47,37 @@ from tierec.embedding.table import TableConfig
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkPool
 from tierec.prune.pool_ops import pool_chunked, pool_chunked_torch
+from tierec.prune.tiered_pool import TieredChunkPool
+from tierec.store.spec import TierSpec
+
+
+@dataclass
+class ChunkView:
+    """What the chunked kernels read for one batch of rows.
+
+    In memory: the pool's arrays, the group's chunk map and the rows themselves.
+    Tiered: the fast tier's arrays, a batch-local chunk map of cache slots
+    ``[U, K]`` and local rows ``0..U-1`` (-1 kept), plus the chunks (``ids``)
+    behind the ``slots`` so the update can carry importance back.
+    """
+
+    arrays: dict[str, np.ndarray]  # "weights" and each per-dim state, [P or C+1, c]
+    cmap: np.ndarray
+    rows: np.ndarray  # [U] rows for the kernels
+    start: np.ndarray  # [U] kernels.row_segments of (cmap, rows)
+    length: np.ndarray
+    ids: np.ndarray | None = None  # tiered: chunk numbers of the live cells of the local map, row-major
+    slots: np.ndarray | None = None  # tiered: their fast-tier slots
 
 
 class PrunedGroup(TableGroup):
     def __init__(
-        self, tables: list[TableConfig], cfg: PruneConfig, seed: int = 0, device: torch.device | str = "cpu"
+        self,
+        tables: list[TableConfig],
+        cfg: PruneConfig,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        tier_spec: TierSpec | None = None,
     ) -> None:
         keys = {t.group_key() for t in tables}
         if len(keys) != 1:
@@ -70,7 +102,12 @@ class PrunedGroup(TableGroup):
         shapes = state_shapes(self.optimizer.kind, self.dim)
         dim_state = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if s}
         self.row_state_init = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if not s}
-        self.chunks = ChunkPool(self.chunk, dim_state)
+        self.tiered = tier_spec is not None
+        self.chunks: ChunkPool | TieredChunkPool = (
+            TieredChunkPool(self.chunk, dim_state, tier_spec, self.optimizer.kind, seed=seed, name=_chunk_store_name(tables))
+            if tier_spec is not None
+            else ChunkPool(self.chunk, dim_state)
+        )
         cap = self.index.row_capacity
         self.cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)  # [R, K] physical chunk or -1
         self.next_imp = np.zeros(cap, dtype=np.float32)  # [R] claim of the first pruned chunk to grow back
@@ -101,7 +138,7 @@ class PrunedGroup(TableGroup):
         self._set_chunks(rows, np.full(rows.shape[0], self.init_chunks, dtype=np.int64))
         w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
         engine_kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
-        kernels.scatter_rows(self.chunks.weights.numpy(), self.cmap, rows, w)
+        self._scatter_dense("weights", rows, w)
         self.next_imp[rows] = 0.0
         if self.shrinkage:
             self.count[rows] = 0.0
@@ -153,9 +190,56 @@ class PrunedGroup(TableGroup):
         return (self.cmap[rows] >= 0).sum(axis=1).astype(np.int64)
 
     def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] dense, zeros past each prefix (and for -1)
-        out = torch.empty(rows.shape[0], self.dim)
-        kernels.gather_rows(self.chunks.weights.numpy(), self.cmap, rows, out.numpy())
+        return torch.from_numpy(self._gather_dense("weights", rows))
+
+    def _gather_dense(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """[n, D] of array ``name`` ("weights" or a per-dim state) of ``rows``, zeros past prefixes and for -1."""
+        out = np.zeros((rows.shape[0], self.dim), dtype=np.float32)
+        if not self.tiered:
+            arr = self.chunks.weights if name == "weights" else self.chunks.state[name]
+            kernels.gather_rows(arr.numpy(), self.cmap, rows, out)
+            return out
+        cm = self._local_cmap(rows)
+        live = cm >= 0
+        if live.any():
+            out.reshape(rows.shape[0], self.n_pos, self.chunk)[live] = self.chunks.read(cm[live].astype(np.int64))[name]
         return out
+
+    def _scatter_dense(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` [n, D] into the live chunks of ``rows`` (unique, all >= 0)."""
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if not self.tiered:
+            arr = self.chunks.weights if name == "weights" else self.chunks.state[name]
+            kernels.scatter_rows(arr.numpy(), self.cmap, rows, values)
+            return
+        cm = self.cmap[rows]
+        live = cm >= 0
+        if live.any():
+            vals = values.reshape(rows.shape[0], self.n_pos, self.chunk)[live]
+            self.chunks.write(cm[live].astype(np.int64), {name: vals})
+
+    def _local_cmap(self, rows: np.ndarray) -> np.ndarray:  # [n, K] chunk numbers of rows, all -1 for row -1
+        cm = self.cmap[np.maximum(rows, 0)].copy()
+        cm[rows < 0] = -1
+        return cm
+
+    def view(self, rows: np.ndarray) -> ChunkView:
+        """The arrays, chunk map and rows the kernels use for a batch's ``rows`` (tiered: made resident)."""
+        if not self.tiered:
+            start, length = self.segments(rows)
+            arrays = {"weights": self.chunks.weights.numpy(), **{n: s.numpy() for n, s in self.chunks.state.items()}}
+            return ChunkView(arrays, self.cmap, rows, start, length)
+        cm = self._local_cmap(rows)
+        live = cm >= 0
+        ids = cm[live].astype(np.int64)
+        slots = self.chunks.resident(ids)
+        local = np.full(cm.shape, -1, dtype=np.int32)
+        local[live] = slots
+        lrows = np.where(rows >= 0, np.arange(rows.shape[0]), -1).astype(np.int64)
+        start = np.empty(rows.shape[0], dtype=np.int64)
+        length = np.empty(rows.shape[0], dtype=np.int64)
+        kernels.row_segments(local, lrows, start, length)
+        return ChunkView(self.chunks.arrays(), local, lrows, start, length, ids, slots)
 
     # ------------------------------------------------------------ forward / backward
 
@@ -171,34 +255,44 @@ class PrunedGroup(TableGroup):
         kernels.row_segments(self.cmap, rows, start, length)
         return start, length
 
-    def update(self, rows: Tensor, grad: Tensor, segments: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def update(self, rows: Tensor, grad: Tensor, view: ChunkView | None = None) -> None:
         """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance.
 
-        ``segments``: the rows' ``segments()`` when the caller has them already.
+        ``view``: the rows' :meth:`view` from the forward, when the caller has it (tiered:
+        the same fast-tier slots; they stay resident until the next lookup of the store).
         """
         self.step += 1
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
-        st, ln = segments if segments is not None else self.segments(r)
+        v = view if view is not None else self.view(r)
         if self.shrinkage:
             self.count[r[r >= 0]] += np.float32(1.0)  # the rows of a batch are unique
-        pw, cm, imp, nxt, by = self.chunks.weights.numpy(), self.cmap, self.chunks.importance, self.next_imp, self.by_grad
+        pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
+        if self.tiered:  # the kernels index importance by slot and per-row data by local row
+            imp = np.zeros(pw.shape[0], dtype=np.float32)
+            nxt = self.next_imp[r].copy()
+            row_state = {n: s[torch.from_numpy(r)].clone() for n, s in self.row_state.items()}
+        else:
+            imp, nxt, row_state = self.chunks.importance, self.next_imp, self.row_state
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
-        state = self.chunks.state
         kind, k = cfg.kind, self.kernels
         if kind is OptimizerKind.SGD:
-            k.sgd(pw, cm, r, st, ln, g, lr, wd, imp, nxt, by)
+            k.sgd(pw, cm, kr, st, ln, g, lr, wd, imp, nxt, by)
         elif kind is OptimizerKind.ADAGRAD:
-            k.adagrad(pw, state["sum"].numpy(), cm, r, st, ln, g, lr, eps, wd, imp, nxt, by)
+            k.adagrad(pw, v.arrays["sum"], cm, kr, st, ln, g, lr, eps, wd, imp, nxt, by)
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            k.rowwise_adagrad(pw, self.row_state["sum"].numpy(), cm, r, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by)
+            k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by)
         elif kind is OptimizerKind.ADAM:
             step_size = np.float32(_adam_step_size(cfg, self.step))
             b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
-            m, v = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy()
-            k.adam(pw, m, v, cm, r, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by)
+            k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by)
         else:  # pragma: no cover - enum is closed
             raise ValueError(kind)
+        if self.tiered:
+            self.chunks.importance[v.ids] += imp[v.slots]
+            self.next_imp[r] = nxt
+            for n, s in row_state.items():
+                self.row_state[n][torch.from_numpy(r)] = s
 
     # ----------------------------------------------------------------- pruning
 
@@ -324,7 +418,10 @@ class PrunedGroup(TableGroup):
         """Shrink the pool to its live chunks, each row's chunks one after another in row order.
 
         Rows laid out together take the hot kernels' flat path (kernels.row_segments).
+        A tiered pool has nothing to compact: freed chunks left the tiers already.
         """
+        if self.tiered:
+            return
         n = self.num_rows
         live = self.live_chunks()
         mask = np.arange(self.n_pos) < live[:, None]  # [n, K]
@@ -359,12 +456,13 @@ class PrunedGroup(TableGroup):
 
         Evicted rows count (an id evicted and inserted again counts twice: an upper bound).
         """
-        per_dim = 1 + len(self.chunks.state)
+        per_dim = 1 + len(self.chunks.dim_state)
         return (self.num_rows + int(self.evicted.sum())) * 4 * (self.dim * per_dim + len(self.row_state))
 
     def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
         rows = self.cmap.nbytes + self.next_imp.nbytes + self.count.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
-        return self.chunks.nbytes() + rows + self.index.nbytes()
+        pool = self.chunks.ram_bytes() if isinstance(self.chunks, TieredChunkPool) else self.chunks.nbytes()
+        return pool + rows + self.index.nbytes()
 
     # ------------------------------------------------------------------- state
 
@@ -383,7 +481,7 @@ class PrunedGroup(TableGroup):
         out = {
             "ids": torch.from_numpy(ids.copy()),
             "dims": torch.from_numpy((live * self.chunk).astype(np.int32)),
-            "chunked.weights": torch.from_numpy(self._gather_array(self.chunks.weights, rows)[dmask]),
+            "chunked.weights": torch.from_numpy(self._gather_dense("weights", rows)[dmask]),
             "chunked.importance": torch.from_numpy(self.chunks.importance[self.cmap[rows][cmask]].copy()),
             "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
             "access_count": torch.from_numpy(self.count[rows].copy() if self.shrinkage else np.zeros(rows.shape[0], np.float32)),
@@ -391,15 +489,10 @@ class PrunedGroup(TableGroup):
             "regrown_chunks": torch.tensor(int(self.regrown[t])),
             "evicted_rows": torch.tensor(int(self.evicted[t])),
         }
-        for n, s in self.chunks.state.items():
-            out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_array(s, rows)[dmask])
+        for n in self.chunks.dim_state:
+            out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_dense(n, rows)[dmask])
         for n, s in self.row_state.items():
             out[f"opt.{n}"] = s[torch.from_numpy(rows)].clone()
-        return out
-
-    def _gather_array(self, chunks: Tensor, rows: np.ndarray) -> np.ndarray:  # [n, D]
-        out = np.empty((rows.shape[0], self.dim), dtype=np.float32)
-        kernels.gather_rows(chunks.numpy(), self.cmap, rows, out)
         return out
 
     def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
@@ -410,13 +503,13 @@ class PrunedGroup(TableGroup):
         dims = np.full(ids.shape[0], self.dim) if dense else sd["dims"].numpy().astype(np.int64)
         self._set_chunks(rows, dims // self.chunk)
         dmask = np.arange(self.dim) < dims[:, None]
-        for name, chunks in [("weights", self.chunks.weights), *[(f"opt.{n}", s) for n, s in self.chunks.state.items()]]:
+        for name, array in [("weights", "weights"), *[(f"opt.{n}", n) for n in self.chunks.dim_state]]:
             if dense:
                 values = sd[name].numpy()
             else:
                 values = np.zeros((rows.shape[0], self.dim), dtype=np.float32)
                 values[dmask] = sd[f"chunked.{name}"].numpy()
-            kernels.scatter_rows(chunks.numpy(), self.cmap, rows, np.ascontiguousarray(values, dtype=np.float32))
+            self._scatter_dense(array, rows, values)
         for n, s in self.row_state.items():
             s[torch.from_numpy(rows)] = sd[f"opt.{n}"]
         cmask = np.arange(self.n_pos) < (dims // self.chunk)[:, None]
@@ -431,3 +524,12 @@ class PrunedGroup(TableGroup):
             self.pruned[t] = int(sd["pruned_chunks"])
             self.regrown[t] = int(sd["regrown_chunks"])
             self.evicted[t] = int(sd["evicted_rows"])
+
+    def close(self) -> None:
+        """Close the tiered pool's disk file (a no-op in memory)."""
+        if isinstance(self.chunks, TieredChunkPool):
+            self.chunks.close()
+
+
+def _chunk_store_name(tables: list[TableConfig]) -> str:  # the chunk store's name in store statistics
+    return f"{tables[0].name}.chunks" if len(tables) == 1 else f"{tables[0].name}+{len(tables) - 1}.chunks"

@@ -38,14 +38,13 @@ from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import backward_chunks, pool_backward
 
 if TYPE_CHECKING:
-    from tierec.prune.group import PrunedGroup
+    from tierec.prune.group import ChunkView, PrunedGroup
 
 
-def _forward(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, seg: tuple[np.ndarray, np.ndarray]) -> Tensor:
+def _forward(group: PrunedGroup, layout: BagLayout, view: ChunkView) -> Tensor:
     out = torch.empty(layout.batch, layout.n_features, group.dim)  # [B, F_g, D]
-    start, length = seg
     group.kernels.pool_forward(
-        group.chunks.weights.numpy(), group.cmap, rows, start, length,
+        view.arrays["weights"], view.cmap, view.rows, view.start, view.length,
         layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy(),
     )  # fmt: skip
     return out
@@ -54,17 +53,17 @@ def _forward(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, seg: tuple
 class _PoolChunked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
-        seg = group.segments(rows)  # the chunk maps do not change before this batch's backward
-        ctx.args = (group, rows, layout, seg)
-        return _forward(group, rows, layout, seg)
+        view = group.view(rows)  # the chunk maps (and tiered slots) do not change before this batch's backward
+        ctx.args = (group, rows, layout, view)
+        return _forward(group, layout, view)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
-        group, rows, layout, seg = ctx.args
+        group, rows, layout, view = ctx.args
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
         pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, backward_chunks(group.dim), grad_rows.numpy())
-        group.update(torch.from_numpy(rows), grad_rows, seg)
+        group.update(torch.from_numpy(rows), grad_rows, view)
         return None, None, None, None
 
 
@@ -86,7 +85,7 @@ def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train:
     """``rows`` [U] may hold -1 (unknown id at evaluation), which pools as zeros."""
     if train:
         return _PoolChunked.apply(anchor, group, rows, layout)
-    return _forward(group, rows, layout, group.segments(rows))
+    return _forward(group, layout, group.view(rows))
 
 
 def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:

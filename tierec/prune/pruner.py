@@ -41,13 +41,17 @@ def pruned_group_factory(cfg: PruneConfig) -> Callable[[list[TableConfig], int, 
     """An EmbeddingCollection ``group_factory`` that stores every group as chunks."""
 
     def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
-        dim = tables[0].dim
-        if dim % cfg.chunk:
-            names = [t.name for t in tables]
-            raise ConfigError(f"tables {names} have dim {dim}, not a multiple of prune.chunk={cfg.chunk}")
+        check_chunk_dim(tables, cfg)
         return PrunedGroup(tables, cfg, seed=seed, device=device)
 
     return make
+
+
+def check_chunk_dim(tables: list[TableConfig], cfg: PruneConfig) -> None:
+    dim = tables[0].dim
+    if dim % cfg.chunk:
+        names = [t.name for t in tables]
+        raise ConfigError(f"tables {names} have dim {dim}, not a multiple of prune.chunk={cfg.chunk}")
 
 
 @dataclass(frozen=True)

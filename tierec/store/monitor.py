@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tierec.config import StoreConfig
-from tierec.store.pipeline import StorePipeline, targets_of
+from tierec.store.pipeline import StorePipeline, chunk_stores, targets_of
 from tierec.store.sizes import format_size
 from tierec.store.spec import Counter
 
@@ -51,7 +51,8 @@ _SUMMED = (
 class StoreMonitor:
     def __init__(self, collections: list[Any], cfg: StoreConfig) -> None:
         self.collections = [c for c in collections if c is not None]
-        self.groups = [t.group for t in targets_of(self.collections)]
+        # tiered groups, and the chunk stores of pruned groups whose chunks the tiers hold
+        self.groups = [t.group for t in targets_of(self.collections)] + chunk_stores(self.collections)
         self.active = bool(self.groups)
         self.pipeline = StorePipeline(self.collections, cfg.prefetch_depth) if cfg.prefetch and self.active else None
         # Weak: the loop's own reference must be the last, so a `break` closes the stream at once

@@ -67,6 +67,13 @@ def targets_of(collections: list[Any]) -> list[_Target]:
     return out
 
 
+def chunk_stores(collections: list[Any]) -> list[Any]:
+    """The TieredGroups holding the chunks of pruned groups (store and prune both on)."""
+    from tierec.prune.tiered_pool import TieredChunkPool
+
+    return [g.chunks.store for coll in collections for g in coll.groups if isinstance(getattr(g, "chunks", None), TieredChunkPool)]
+
+
 class StorePipeline:
     def __init__(self, collections: list[Any], depth: int = 1) -> None:
         self.targets = targets_of(collections)

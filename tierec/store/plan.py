@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tierec.config import Config, ConfigError, StoreConfig
+from tierec.config import Config, ConfigError, PruneConfig, StoreConfig
 from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig, tables_from_config
@@ -78,7 +78,7 @@ class StorePlan:
         from tierec.models import model_class
 
         if cfg.store.enabled and cfg.prune.enabled:
-            raise ConfigError("store.enabled and prune.enabled cannot be combined yet; turn one of them off")
+            _check_with_pruning(cfg.store)
         collections = [tables_from_config(cfg.embedding, feature_names)]
         if model_class(cfg.model.name).uses_wide:
             collections.append(tables_from_config(cfg.embedding, feature_names, dim=1, suffix=".wide"))
@@ -107,6 +107,19 @@ class StorePlan:
         from tierec.store.group import TieredGroup
 
         return TieredGroup(tables, self.spec_for(tables), seed=seed, device=device)
+
+    def pruned_factory(self, prune: PruneConfig):
+        """``group_factory`` storing every group as pruned chunks, held by the tiers when tiering is on."""
+        from tierec.prune.group import PrunedGroup
+        from tierec.prune.pruner import check_chunk_dim
+
+        def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
+            check_chunk_dim(tables, prune)
+            tiered = self.enabled and getattr(tables[0], "store", DEFAULT_STORE) != IN_MEMORY
+            spec = self.spec_for(tables) if tiered else None
+            return PrunedGroup(tables, prune, seed=seed, device=device, tier_spec=spec)
+
+        return make
 
     def spec_for(self, tables: list[TableConfig]) -> TierSpec:
         """The resolved TierSpec of the group holding ``tables``."""
@@ -155,3 +168,17 @@ class StorePlan:
             io_threads=cfg.io_threads,
             drop_page_cache=cfg.drop_page_cache,
         )
+
+
+def _check_with_pruning(cfg: StoreConfig) -> None:
+    """With pruning the tiers hold chunks, not rows: the row-level policies do not apply."""
+    per_table = [(f"store.tables[{t.name}].{k}", getattr(t, k)) for t in cfg.tables for k in ("admit_after", "max_rows", "ttl_steps")]
+    row_policies = [("store.admit_after", cfg.admit_after), ("store.max_rows", cfg.max_rows), ("store.ttl_steps", cfg.ttl_steps)]
+    used = [k for k, v in row_policies + per_table if v > 0] + (["store.admit_probability"] if cfg.admit_probability < 1.0 else [])
+    if used:
+        raise ConfigError(
+            f"{used} act on whole rows, but with prune.enabled the tiers hold chunks of rows: "
+            "turn them off (pruning itself forgets rows pruned to no dims: prune.evict_empty_rows)"
+        )
+    if cfg.prefetch:
+        raise ConfigError("store.prefetch does not cover pruned tables yet: turn store.prefetch or prune.enabled off")

@@ -22,7 +22,7 @@ from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
 from tierec.models import CTRModel, build_model, model_class
-from tierec.prune import Pruner, pruned_group_factory
+from tierec.prune import Pruner
 from tierec.store.plan import StorePlan
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
@@ -42,10 +42,11 @@ class Components:
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
         seed, device = cfg.train.seed, cfg.train.device
         torch.manual_seed(seed)
-        # Pruning stores the main tables as chunks; the dim-1 wide tables stay plain.
+        # Pruning stores the main tables as chunks; the dim-1 wide tables stay unpruned.
         # Tiered storage (cfg.store) tags tables with their store and builds their groups; a no-op when off.
         plan = StorePlan.for_run(cfg, feature_names)
-        factory = pruned_group_factory(cfg.prune) if cfg.prune.enabled else plan.factory
+        # With both, the pruned groups' chunks are what the tiers hold (tierec/prune/tiered_pool.py).
+        factory = plan.pruned_factory(cfg.prune) if cfg.prune.enabled else plan.factory
         emb = EmbeddingCollection(
             plan.tables(tables_from_config(cfg.embedding, feature_names)), feature_names, seed=seed, device=device, group_factory=factory
         )

@@ -1,0 +1,175 @@
+"""TieredChunkPool: a ChunkPool whose chunks live in the tiered store (fast cache / host DRAM / disk).
+
+With both ``store.enabled`` and ``prune.enabled`` the chunk is what the tiers
+hold: every live chunk is one record ``[c weights | c values of each per-dim
+optimizer state]`` of a :class:`~tierec.store.group.TieredGroup` keyed by its
+chunk number, so hot chunks sit in the bounded fast tier, the rest in host
+DRAM or on disk, and a pruned chunk frees its record wherever it lives. What
+stays in RAM for every chunk is its importance (one float, like the store's
+directory entry); per-row data (chunk maps, claims, counts, row-wise Adagrad's
+state) stays with the PrunedGroup.
+
+The chunked kernels run unchanged on the fast tier: :meth:`resident` brings a
+batch's chunks up and returns their cache slots, and the PrunedGroup hands the
+kernels a batch-local chunk map of slots (``PrunedGroup._view``). Chunk numbers
+are reused from a free list, so they stay dense without compaction.
+
+>>> import numpy as np, tempfile
+>>> from tierec.store.spec import TierSpec
+>>> pool = TieredChunkPool(4, {}, TierSpec(cache_bytes=16 * 8, host_bytes=0, disk_dir=tempfile.gettempdir()))
+>>> ids = pool.alloc(20)  # more chunks than the fast tier's 8 slots: the rest go to disk
+>>> pool.num_live, pool.store.stats()["chunks"]["rows_disk"] > 0
+(20, True)
+>>> float(np.abs(pool.read(ids)["weights"]).sum())  # new chunks are zeros
+0.0
+>>> pool.close()
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierec.config import OptimizerConfig, OptimizerKind
+from tierec.embedding.table import TableConfig
+from tierec.store.spec import TierSpec
+
+# The chunk store's optimizer only sets its record layout (per-dim state beside the weights);
+# the updates themselves are the PrunedGroup's chunked kernels.
+_RECORD_KIND = {
+    OptimizerKind.SGD: OptimizerKind.SGD,
+    OptimizerKind.ROWWISE_ADAGRAD: OptimizerKind.SGD,  # its one float per row stays with the row
+    OptimizerKind.ADAGRAD: OptimizerKind.ADAGRAD,
+    OptimizerKind.ADAM: OptimizerKind.ADAM,
+}
+
+
+class TieredChunkPool:
+    def __init__(
+        self,
+        chunk: int,
+        dim_state: dict[str, float],
+        spec: TierSpec,
+        kind: OptimizerKind = OptimizerKind.SGD,
+        seed: int = 0,
+        name: str = "chunks",
+    ) -> None:
+        from tierec.store.group import TieredGroup  # lazy: the store imports torch-heavy modules
+
+        self.chunk = chunk
+        self.dim_state = dict(dim_state)
+        table = TableConfig(name=name, dim=chunk, features=[name], optimizer=OptimizerConfig(kind=_RECORD_KIND[kind]))
+        self.store = TieredGroup([table], spec, seed=seed)
+        if set(self.store.state) != set(self.dim_state):
+            raise ValueError(f"chunk records hold state {sorted(self.store.state)}, the pool needs {sorted(self.dim_state)}")
+        self.importance = np.zeros(0, dtype=np.float32)  # [P] per chunk number, in RAM
+        self._free = np.zeros(0, dtype=np.int64)  # stack of free chunk numbers, the top at the end
+        self._n_free = 0
+        self._high = 0  # chunk numbers handed out so far: 0 .. high-1
+        self._batch = max(self.store.capacity // 2, 1)  # chunks made resident at once by bulk operations
+
+    # ------------------------------------------------------------ sizes
+
+    @property
+    def capacity(self) -> int:  # chunk numbers in use or free
+        return self._high
+
+    @property
+    def num_free(self) -> int:
+        return self._n_free
+
+    @property
+    def num_live(self) -> int:
+        return self._high - self._n_free
+
+    def bytes_per_chunk(self) -> int:  # bytes: weights, per-dim state, importance
+        return 4 * self.chunk * (1 + len(self.dim_state)) + 4
+
+    def nbytes(self) -> int:
+        """Value bytes of the live chunks, wherever they live (a freed chunk's record is gone)."""
+        return self.num_live * self.bytes_per_chunk() + self._free.nbytes
+
+    def ram_bytes(self) -> int:  # bytes of RAM: the store (fast tier, host tier, directory) and importance
+        return self.store.nbytes() + self.importance.nbytes + self._free.nbytes
+
+    def free_ids(self) -> np.ndarray:  # [num_free] int64
+        return self._free[: self._n_free].copy()
+
+    # ------------------------------------------------------- alloc / free
+
+    def alloc(self, n: int) -> np.ndarray:
+        """``n`` chunk numbers [n] int64: zero weights, initial state, zero importance."""
+        take = min(n, self._n_free)
+        reused = self._free[self._n_free - take : self._n_free][::-1].copy()
+        self._n_free -= take
+        fresh = np.arange(self._high, self._high + n - take, dtype=np.int64)
+        self._high += n - take
+        if self.importance.shape[0] < self._high:
+            self.importance = np.resize(self.importance, max(self._high, int(self.importance.shape[0] * 1.25) + 64))
+        ids = np.concatenate([reused, fresh])
+        self.reset(ids)
+        return ids
+
+    def reset(self, ids: np.ndarray) -> None:
+        """Zero weights and importance, initial optimizer state, for chunks ``ids``."""
+        if ids.size == 0:
+            return
+        zeros = {"weights": np.zeros((ids.size, self.chunk), dtype=np.float32)}
+        zeros.update({n: np.full((ids.size, self.chunk), v, dtype=np.float32) for n, v in self.dim_state.items()})
+        self.write(ids, zeros)
+        self.importance[ids] = 0.0
+
+    def free(self, ids: np.ndarray) -> None:
+        """Return chunks to the free list; their records leave every tier."""
+        n = ids.shape[0]
+        if n == 0:
+            return
+        st = self.store
+        lids = st.index.find(ids.astype(np.int64), np.zeros(n, dtype=np.int32))
+        with st._lock:
+            st.free_rows(lids[lids >= 0])
+            st.index.delete(lids[lids >= 0])
+        if self._n_free + n > self._free.shape[0]:
+            self._free = np.resize(self._free, max(self._n_free + n, int(self._free.shape[0] * 1.25) + 64))
+        self._free[self._n_free : self._n_free + n] = ids[::-1]
+        self._n_free += n
+
+    def compact(self, order: np.ndarray | None = None) -> np.ndarray:  # pragma: no cover - never called
+        raise NotImplementedError("a tiered chunk pool does not compact: freed records leave the tiers at once")
+
+    # ------------------------------------------------------- chunk data
+
+    def resident(self, ids: np.ndarray) -> np.ndarray:
+        """Fast-tier slots [n] of unique chunks ``ids``, brought up; valid until the next call."""
+        return self.store.lookup(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32), insert=True).numpy()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The fast tier's arrays [C + 1, c] by name ("weights" and each per-dim state)."""
+        out = {"weights": self.store.weights.numpy()}
+        out.update({n: s.numpy() for n, s in self.store.state.items()})
+        return out
+
+    def write(self, ids: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        """Set chunks ``ids`` (unique) to ``values`` ([n, c] per name), in batches the fast tier holds."""
+        for lo in range(0, ids.size, self._batch):
+            part = slice(lo, lo + self._batch)
+            slots = self.resident(ids[part])
+            arrays = self.arrays()
+            for name, v in values.items():
+                arrays[name][slots] = v[part]
+
+    def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Chunks ``ids`` [n, c] per name, read wherever they live (no movement between tiers)."""
+        st = self.store
+        lids = st.index.find(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32))
+        if (lids < 0).any():
+            raise KeyError(f"chunks {ids[lids < 0][:5].tolist()} are not in the store")
+        with st._lock:
+            rec = st.read_rows(lids)
+        out, col = {"weights": rec[:, : self.chunk]}, self.chunk
+        for name in st.state:
+            out[name] = rec[:, col : col + self.chunk]
+            col += self.chunk
+        return out
+
+    def close(self) -> None:
+        self.store.close()

@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     # shared 2-core machine (docs/performance.md). A user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from tierec.data.errors import DataError
+    from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
 
     parser = build_parser()
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "passthrough", False):
             return args.func(args, rest)
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
+    except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError) as e:
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

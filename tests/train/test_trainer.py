@@ -84,6 +84,11 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert err.count("\n") == 1 and "missing.csv" in err
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # a fast tier too small for one batch's rows: what to raise, in one line
+    tiny = ["--set", "store.enabled=true", "--set", "store.cache_size=1KiB", "--set", f"store.disk_path={tmp_path / 'disk'}"]
+    assert main(["train", "--run-dir", str(tmp_path / "t"), *[x for o in SMALL for x in ("--set", o)], *tiny]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "store.cache_size" in err
 
 
 def test_every_command_has_help(capsys) -> None:

@@ -86,7 +86,7 @@ class TieredChunkPool:
 
     def nbytes(self) -> int:
         """Value bytes of the live chunks, wherever they live (a freed chunk's record is gone)."""
-        return self.num_live * self.bytes_per_chunk() + self._free.nbytes
+        return self.num_live * self.bytes_per_chunk()
 
     def ram_bytes(self) -> int:  # bytes of RAM: the store (fast tier, host tier, directory) and importance
         return self.store.nbytes() + self.importance.nbytes + self._free.nbytes

@@ -15,14 +15,17 @@ torch.Size([2, 4])
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor
 
+from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
+from tierec.embedding.pooling import FUSED_MIN_DIM, reduce_update_rowwise
 from tierec.embedding.table import TableConfig
 
 
@@ -98,6 +101,28 @@ class TableGroup:
         """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D]."""
         self.step += 1
         apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
+
+    def fused_reduce_update(self) -> bool:
+        """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
+        instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, dim >= FUSED_MIN_DIM.
+        Subclasses whose ``update`` does more than the optimizer step say False."""
+        return (
+            type(self).update is TableGroup.update
+            and self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
+            and self.device.type == "cpu"
+            and self.dim >= FUSED_MIN_DIM
+        )
+
+    def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
+        """The backward of a pooled batch and the optimizer step in one pass (see :meth:`fused_reduce_update`)."""
+        self.step += 1
+        cfg = self.optimizer
+        blocks = 4 * numba.get_num_threads()
+        reduce_update_rowwise(
+            grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, rows,
+            self.weights.numpy(), self.state["sum"].numpy(),
+            np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay), blocks,
+        )  # fmt: skip
 
     # ----------------------------------------------------------- reporting
 

@@ -70,8 +70,11 @@ class _PoolFused(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
         group, rows, layout = ctx.args
-        grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
+        if group.fused_reduce_update():  # one row-parallel pass, bitwise the same result
+            group.reduce_update(g, rows, layout)
+            return None, None, None, None
+        grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         n = backward_chunks(group.dim)
         pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, n, grad_rows.numpy())
         group.update(torch.from_numpy(rows), grad_rows)

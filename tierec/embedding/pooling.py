@@ -74,3 +74,67 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
         is_mean = np.repeat(mean_per_feature, batch)
         scale[is_mean] = 1.0 / lengths[is_mean]
     return scale
+
+
+# Row-parallel reduce + update (``reduce_update_rowwise``) pays from this dim on: below it the
+# counting sort that groups ids by row costs more than the zero-fill and second pass it saves
+# (docs/performance.md, "Fused backward and update").
+FUSED_MIN_DIM = 32
+
+
+@nb.njit(cache=True)
+def _ids_by_row(inverse, offsets, n_rows):
+    """CSR of ids per unique row, ids ascending within a row: (start [U+1], ids [N], bag of each id [N])."""
+    n = inverse.shape[0]
+    bag = np.empty(n, dtype=np.int64)
+    for k in range(offsets.shape[0] - 1):
+        for i in range(offsets[k], offsets[k + 1]):
+            bag[i] = k
+    start = np.zeros(n_rows + 1, dtype=np.int64)
+    for i in range(n):
+        start[inverse[i] + 1] += 1
+    for u in range(n_rows):
+        start[u + 1] += start[u]
+    fill = start[:-1].copy()
+    ids = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        u = inverse[i]
+        ids[fill[u]] = i
+        fill[u] += 1
+    return start, ids, bag
+
+
+@nb.njit(parallel=True, cache=True)
+def reduce_update_rowwise(grad_out, inverse, offsets, bag_scale, batch, rows, w, s, lr, eps, wd, n_blocks):
+    """``pool_backward`` and the row-wise Adagrad update in one pass, parallel over unique rows.
+
+    Each unique row sums its ids' output gradients in ascending id order (the
+    order ``pool_backward`` adds them in, so the sums are bitwise the same) into
+    a scratch vector and is updated at once with the arithmetic of
+    ``optimizers._rowwise_adagrad``: no ``[U, D]`` gradient is zero-filled,
+    written and read again, and no two threads touch the same row.
+    """
+    d = w.shape[1]
+    n_rows = rows.shape[0]
+    start, ids, bag = _ids_by_row(inverse, offsets, n_rows)
+    for blk in nb.prange(n_blocks):
+        acc = np.empty(d, dtype=np.float32)
+        for u in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+            for j in range(d):
+                acc[j] = 0.0
+            for p in range(start[u], start[u + 1]):
+                k = bag[ids[p]]
+                f = k // batch
+                b = k - f * batch
+                sc = bag_scale[k]
+                for j in range(d):
+                    acc[j] += sc * grad_out[b, f, j]
+            r = rows[u]
+            sq = np.float32(0.0)
+            for j in range(d):
+                gj = acc[j] + wd * w[r, j]
+                sq += gj * gj
+            s[r] += sq / d
+            scale = lr / (np.sqrt(s[r]) + eps)
+            for j in range(d):
+                w[r, j] -= scale * (acc[j] + wd * w[r, j])

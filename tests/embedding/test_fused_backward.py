@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -28,10 +29,12 @@ def _collection(dim: int, kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD, f
     return coll
 
 
-@pytest.mark.parametrize("dim", [FUSED_MIN_DIM, 64, 96])
+@pytest.mark.parametrize("dim", [16, FUSED_MIN_DIM, 64, 96])
 def test_fused_reduce_update_equals_the_two_pass_path(dim: int) -> None:
     fused, plain = _collection(dim), _collection(dim, fused=False)
-    assert fused.groups[0].fused_reduce_update() and not plain.groups[0].fused_reduce_update()
+    for g in fused.groups:
+        g.fused_reduce_update = lambda: True  # at every dim, whatever the thread count
+    assert not plain.groups[0].fused_reduce_update()
     g = np.random.default_rng(0)
     for step in range(6):
         # multi-hot bags with repeats and empty bags, few distinct ids: rows recur within and across steps
@@ -47,7 +50,15 @@ def test_fused_reduce_update_equals_the_two_pass_path(dim: int) -> None:
 
 
 def test_fused_path_is_taken_only_where_it_applies() -> None:
-    assert not _collection(FUSED_MIN_DIM - 1).groups[0].fused_reduce_update()  # narrow rows: two passes are faster
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        assert _collection(16).groups[0].fused_reduce_update()  # one thread: always the fused pass
+        if numba.config.NUMBA_NUM_THREADS >= 2:
+            numba.set_num_threads(2)  # narrow rows on several threads: two passes are faster
+            assert not _collection(FUSED_MIN_DIM - 1).groups[0].fused_reduce_update()
+    finally:
+        numba.set_num_threads(threads)
     assert not _collection(64, OptimizerKind.ADAM).groups[0].fused_reduce_update()
 
     class Logged(TableGroup):  # an update that does more than the optimizer step keeps the two-pass path

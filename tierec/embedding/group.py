@@ -104,13 +104,14 @@ class TableGroup:
 
     def fused_reduce_update(self) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
-        instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, dim >= FUSED_MIN_DIM.
-        Subclasses whose ``update`` does more than the optimizer step say False."""
+        instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, with dim >= FUSED_MIN_DIM or
+        on one thread (where its serial grouping of ids by row costs no parallelism). Subclasses whose
+        ``update`` does more than the optimizer step say False."""
         return (
             type(self).update is TableGroup.update
             and self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
             and self.device.type == "cpu"
-            and self.dim >= FUSED_MIN_DIM
+            and (self.dim >= FUSED_MIN_DIM or numba.get_num_threads() == 1)
         )
 
     def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:

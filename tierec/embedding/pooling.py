@@ -76,27 +76,33 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
     return scale
 
 
-# Row-parallel reduce + update (``reduce_update_rowwise``) pays from this dim on: below it the
-# counting sort that groups ids by row costs more than the zero-fill and second pass it saves
-# (docs/performance.md, "Fused backward and update").
+# Row-parallel reduce + update (``reduce_update_rowwise``) pays from this dim on with several
+# threads: below it the serial counting sort that groups ids by row costs more than the zero-fill
+# and second pass it saves. On one thread it pays at every dim (docs/performance.md).
 FUSED_MIN_DIM = 32
+
+
+@nb.njit(parallel=True, cache=True)
+def _bag_of_ids(offsets, n):
+    bag = np.empty(n, dtype=np.int32)
+    for k in nb.prange(offsets.shape[0] - 1):
+        for i in range(offsets[k], offsets[k + 1]):
+            bag[i] = k
+    return bag
 
 
 @nb.njit(cache=True)
 def _ids_by_row(inverse, offsets, n_rows):
     """CSR of ids per unique row, ids ascending within a row: (start [U+1], ids [N], bag of each id [N])."""
     n = inverse.shape[0]
-    bag = np.empty(n, dtype=np.int64)
-    for k in range(offsets.shape[0] - 1):
-        for i in range(offsets[k], offsets[k + 1]):
-            bag[i] = k
+    bag = _bag_of_ids(offsets, n)
     start = np.zeros(n_rows + 1, dtype=np.int64)
     for i in range(n):
         start[inverse[i] + 1] += 1
     for u in range(n_rows):
         start[u + 1] += start[u]
     fill = start[:-1].copy()
-    ids = np.empty(n, dtype=np.int64)
+    ids = np.empty(n, dtype=np.int32)
     for i in range(n):
         u = inverse[i]
         ids[fill[u]] = i

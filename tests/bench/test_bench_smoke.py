@@ -54,3 +54,9 @@ def test_e2e_on_tierec_data(tmp_path):
     assert main([*argv, "--out", str(out)]) == 0
     res = json.loads(out.read_text())["results"]["e2e"]
     assert res["data"] == "tierec" and {r["system"] for r in res["rows"]} == {"tierec", "torch"}
+
+
+def test_fused_backward_benchmark_tiny():
+    from benchmarks.fused_backward import main as fused_main
+
+    assert fused_main(["--rows", "1000", "--tables", "2", "--batch", "64", "--steps", "2", "--repeats", "2", "--quiet"]) > 0

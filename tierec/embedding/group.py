@@ -118,11 +118,11 @@ class TableGroup:
         """The backward of a pooled batch and the optimizer step in one pass (see :meth:`fused_reduce_update`)."""
         self.step += 1
         cfg = self.optimizer
-        blocks = 4 * numba.get_num_threads()
+        threads = numba.get_num_threads()
         reduce_update_rowwise(
             grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, rows,
             self.weights.numpy(), self.state["sum"].numpy(),
-            np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay), blocks,
+            np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay), 4 * threads, threads,
         )  # fmt: skip
 
     # ----------------------------------------------------------- reporting

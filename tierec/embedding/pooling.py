@@ -83,35 +83,42 @@ FUSED_MIN_DIM = 32
 
 
 @nb.njit(parallel=True, cache=True)
-def _bag_of_ids(offsets, n):
+def _ids_by_row(inverse, offsets, n_rows, n_parts):
+    """CSR of ids per unique row, ids ascending within a row: (start [U+1], ids [N], bag of each id [N]).
+
+    A counting sort in ``n_parts`` contiguous slices of the ids, each counted and
+    scattered by its own thread; slice p's ids land after slice p-1's within every
+    row, so each row's ids stay ascending.
+    """
+    n = inverse.shape[0]
     bag = np.empty(n, dtype=np.int32)
     for k in nb.prange(offsets.shape[0] - 1):
         for i in range(offsets[k], offsets[k + 1]):
             bag[i] = k
-    return bag
-
-
-@nb.njit(cache=True)
-def _ids_by_row(inverse, offsets, n_rows):
-    """CSR of ids per unique row, ids ascending within a row: (start [U+1], ids [N], bag of each id [N])."""
-    n = inverse.shape[0]
-    bag = _bag_of_ids(offsets, n)
-    start = np.zeros(n_rows + 1, dtype=np.int64)
-    for i in range(n):
-        start[inverse[i] + 1] += 1
+    counts = np.zeros((n_parts, n_rows), dtype=np.int32)
+    for p in nb.prange(n_parts):
+        for i in range(p * n // n_parts, (p + 1) * n // n_parts):
+            counts[p, inverse[i]] += 1
+    start = np.empty(n_rows + 1, dtype=np.int64)
+    run = 0
     for u in range(n_rows):
-        start[u + 1] += start[u]
-    fill = start[:-1].copy()
+        start[u] = run
+        for p in range(n_parts):
+            c = counts[p, u]
+            counts[p, u] = run  # becomes slice p's next position in row u
+            run += c
+    start[n_rows] = run
     ids = np.empty(n, dtype=np.int32)
-    for i in range(n):
-        u = inverse[i]
-        ids[fill[u]] = i
-        fill[u] += 1
+    for p in nb.prange(n_parts):
+        for i in range(p * n // n_parts, (p + 1) * n // n_parts):
+            u = inverse[i]
+            ids[counts[p, u]] = i
+            counts[p, u] += 1
     return start, ids, bag
 
 
 @nb.njit(parallel=True, cache=True)
-def reduce_update_rowwise(grad_out, inverse, offsets, bag_scale, batch, rows, w, s, lr, eps, wd, n_blocks):
+def reduce_update_rowwise(grad_out, inverse, offsets, bag_scale, batch, rows, w, s, lr, eps, wd, n_blocks, n_parts):
     """``pool_backward`` and the row-wise Adagrad update in one pass, parallel over unique rows.
 
     Each unique row sums its ids' output gradients in ascending id order (the
@@ -122,7 +129,7 @@ def reduce_update_rowwise(grad_out, inverse, offsets, bag_scale, batch, rows, w,
     """
     d = w.shape[1]
     n_rows = rows.shape[0]
-    start, ids, bag = _ids_by_row(inverse, offsets, n_rows)
+    start, ids, bag = _ids_by_row(inverse, offsets, n_rows, n_parts)
     for blk in nb.prange(n_blocks):
         acc = np.empty(d, dtype=np.float32)
         for u in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):

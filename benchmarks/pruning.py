@@ -59,11 +59,13 @@ DATASETS = {
 RATIOS = (2, 4, 8, 16, 32, 64, 256)  # uniform dims stop at 16x (dim 1)
 METHODS = ("prune", "frequency", "uniform")  # the default set; also "prune_noshrink"
 DIM = 16
+DENSE_LR = 0.003
 
 
 def overrides(data: str, method: str, ratio: int, seed: int, budget: int = 0) -> list[str]:
     """Config overrides of one run; pruning runs get ``budget`` bytes (else ``target_ratio``)."""
-    over = DATASETS[data] + [f"train.seed={seed}", "train.progress=false", f"embedding.dim={DIM}"]
+    # dense lr pinned to the default the documented sweep was measured with (docs/pruning.md)
+    over = DATASETS[data] + [f"train.seed={seed}", "train.progress=false", f"embedding.dim={DIM}", f"train.dense_lr={DENSE_LR}"]
     if method in ("prune", "frequency", "prune_noshrink"):
         importance = "frequency" if method == "frequency" else "gradient"
         target = f"prune.memory_budget={budget}" if budget else f"prune.target_ratio={ratio}"

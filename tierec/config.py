@@ -225,7 +225,7 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int = 0  # 0 = run the epochs
     dense_optimizer: str = "adam"  # adam | adagrad | sgd
-    dense_lr: float = 3e-3
+    dense_lr: float = 5e-3
     eval_every: int = 0  # steps; 0 = only at the end
     eval_batches: int = 0  # 0 = whole test split
     checkpoint_every: int = 0  # steps; 0 = only at the end

@@ -122,3 +122,25 @@ def test_row_level_store_policies_are_refused_with_pruning(bad: str) -> None:
     cfg = load_config(None, SMALL + ["store.enabled=true", "store.cache_size=4KiB", bad])
     with pytest.raises(ConfigError, match=bad.split("=")[0]):
         Components.build(cfg, ["C1"], n_dense=1)
+
+
+def test_resume_with_store_and_pruning_gives_the_uninterrupted_weights(tmp_path: Path) -> None:
+    over = SMALL + [
+        "prune.every=3",
+        "embedding.optimizer.kind=adam",  # 24-byte chunk records (weights and two moments)
+        "store.enabled=true",
+        "store.cache_size=144KiB",
+        "store.host_size=24KiB",
+        f"store.disk_path={tmp_path / 'disk'}",
+    ]
+    full = Trainer(load_config(None, over), tmp_path / "full").fit()
+    Trainer(load_config(None, over + ["train.max_steps=6"]), tmp_path / "part").fit()  # stops at a pruning step
+    resumed = Trainer(load_config(None, over), tmp_path / "part", resume=True).fit()
+    a, _ = load_checkpoint(tmp_path / "full" / "checkpoints")
+    b, _ = load_checkpoint(tmp_path / "part" / "checkpoints")
+    emb = [k for k in a if k.startswith("emb/")]
+    assert emb and a.keys() == b.keys()
+    for k in emb:
+        assert torch.equal(a[k], b[k]), k
+    assert full["test_auc"] == resumed["test_auc"]
+    assert full["store"]["rows_disk"] > full["store"]["rows_cache"] > 0  # the checkpoints held chunks from disk

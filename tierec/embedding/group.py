@@ -55,6 +55,9 @@ class TableGroup:
         cap, old = self.index.row_capacity, self.weights.shape[0]
         if cap <= old:
             return
+        if self.device.type == "cpu":
+            self._grow_in_place(cap, old)
+            return
         w = torch.empty(cap, self.dim, device=self.device)
         w[:old].copy_(self.weights)
         self.weights = w
@@ -62,6 +65,27 @@ class TableGroup:
         for name, s in self.state.items():
             fresh[name][:old].copy_(s)
         self.state = fresh
+
+    def _grow_in_place(self, cap: int, old: int) -> None:
+        """CPU: grow weights and state with an in-place resize (realloc) instead of a fresh block and a copy.
+
+        A large block is moved by remapping its pages (glibc realloc uses mremap), so only
+        the new rows' pages are touched; a fresh block faults in every page again, which
+        is what growth cost on these VMs (page faults, not bandwidth). The tensors are
+        views of arrays this group owns and are replaced here; callers read
+        ``self.weights`` / ``self.state`` afresh at every use, never across a growth.
+        """
+        if not hasattr(self, "_owned"):  # first growth: own numpy arrays behind the tensors
+            self._owned = {"weights": self.weights.numpy().copy(), **{n: t.numpy().copy() for n, t in self.state.items()}}
+        init = new_state(self.optimizer, 1, self.dim, self.device)
+        for name, arr in self._owned.items():
+            arr.resize((cap, *arr.shape[1:]), refcheck=False)  # keeps rows [0, old); zero-fills the rest
+            if name != "weights":
+                value = float(init[name].reshape(-1)[0])
+                if value != 0.0:
+                    arr[old:] = value
+        self.weights = torch.from_numpy(self._owned["weights"])
+        self.state = {n: torch.from_numpy(self._owned[n]) for n in self.state}
 
     def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
         """Rows [U] int64 of unique (table, key) pairs; new ones are inserted and initialised.

@@ -13,18 +13,7 @@ from tierec.config import load_config
 from tierec.train.checkpoint import load_checkpoint
 from tierec.train.trainer import Trainer
 
-SMALL = [
-    "data.synthetic.train_rows=6144",
-    "data.synthetic.test_rows=2048",
-    "data.synthetic.cardinality_scale=0.001",
-    "train.batch_size=512",
-    "train.progress=false",
-    "embedding.dim=8",
-    "prune.enabled=true",
-    "prune.chunk=2",
-    "prune.every=4",
-    "prune.target_ratio=4.0",
-]
+from prune_helpers import SMALL
 
 
 def _records(run: Path) -> list[dict]:

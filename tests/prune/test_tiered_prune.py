@@ -25,6 +25,8 @@ from tierec.train.checkpoint import load_checkpoint
 from tierec.train.components import Components
 from tierec.train.trainer import Trainer
 
+from prune_helpers import SMALL
+
 FEATURES = ("a", "b")
 DIM, CHUNK = 8, 2
 
@@ -89,20 +91,6 @@ def test_pruned_chunks_leave_the_tiers() -> None:
         assert set(again.tolist()) <= set(ids[:40].tolist())
         assert not pool.read(again)["weights"].any()
         pool.close()
-
-
-SMALL = [
-    "data.synthetic.train_rows=6144",
-    "data.synthetic.test_rows=2048",
-    "data.synthetic.cardinality_scale=0.001",
-    "train.batch_size=512",
-    "train.progress=false",
-    "embedding.dim=8",
-    "prune.enabled=true",
-    "prune.chunk=2",
-    "prune.every=4",
-    "prune.target_ratio=4.0",
-]
 
 
 def test_training_with_store_and_pruning_matches_pruning_alone(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from torch import Tensor
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.hash_index import HashIndex
-from tierec.embedding.optimizers import apply_update, new_state
+from tierec.embedding.optimizers import apply_update, initial_state_value, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
 from tierec.embedding.pooling import FUSED_MIN_DIM, reduce_update_rowwise
 from tierec.embedding.table import TableConfig
@@ -44,6 +44,7 @@ class TableGroup:
         self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
+        self._owned: dict[str, np.ndarray] | None = None  # CPU: the arrays behind weights/state once grown
 
     @property
     def num_rows(self) -> int:
@@ -75,15 +76,13 @@ class TableGroup:
         views of arrays this group owns and are replaced here; callers read
         ``self.weights`` / ``self.state`` afresh at every use, never across a growth.
         """
-        if not hasattr(self, "_owned"):  # first growth: own numpy arrays behind the tensors
+        if self._owned is None:  # first growth: own numpy arrays behind the tensors
             self._owned = {"weights": self.weights.numpy().copy(), **{n: t.numpy().copy() for n, t in self.state.items()}}
-        init = new_state(self.optimizer, 1, self.dim, self.device)
         for name, arr in self._owned.items():
             arr.resize((cap, *arr.shape[1:]), refcheck=False)  # keeps rows [0, old); zero-fills the rest
-            if name != "weights":
-                value = float(init[name].reshape(-1)[0])
-                if value != 0.0:
-                    arr[old:] = value
+            value = 0.0 if name == "weights" else initial_state_value(self.optimizer, name)
+            if value != 0.0:
+                arr[old:] = value
         self.weights = torch.from_numpy(self._owned["weights"])
         self.state = {n: torch.from_numpy(self._owned[n]) for n in self.state}
 

@@ -103,6 +103,7 @@ class PrunedGroup(TableGroup):
         dim_state = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if s}
         self.row_state_init = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if not s}
         self.tiered = tier_spec is not None
+        self._imp_scratch: np.ndarray | None = None  # tiered: importance by fast-tier slot during an update
         self.chunks: ChunkPool | TieredChunkPool = (
             TieredChunkPool(self.chunk, dim_state, tier_spec, self.optimizer.kind, seed=seed, name=_chunk_store_name(tables))
             if tier_spec is not None
@@ -269,7 +270,7 @@ class PrunedGroup(TableGroup):
             self.count[r[r >= 0]] += np.float32(1.0)  # the rows of a batch are unique
         pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
         if self.tiered:  # the kernels index importance by slot and per-row data by local row
-            imp = np.zeros(pw.shape[0], dtype=np.float32)
+            imp = self._slot_importance(pw.shape[0])
             nxt = self.next_imp[r].copy()
             row_state = {n: s[torch.from_numpy(r)].clone() for n, s in self.row_state.items()}
         else:
@@ -290,9 +291,16 @@ class PrunedGroup(TableGroup):
             raise ValueError(kind)
         if self.tiered:
             self.chunks.importance[v.ids] += imp[v.slots]
+            imp[v.slots] = 0.0  # the scratch stays zero between batches
             self.next_imp[r] = nxt
             for n, s in row_state.items():
                 self.row_state[n][torch.from_numpy(r)] = s
+
+    def _slot_importance(self, n_slots: int) -> np.ndarray:
+        """Zeroed scratch [n_slots] the tiered update accumulates importance into, by fast-tier slot."""
+        if self._imp_scratch is None or self._imp_scratch.shape[0] != n_slots:
+            self._imp_scratch = np.zeros(n_slots, dtype=np.float32)
+        return self._imp_scratch
 
     # ----------------------------------------------------------------- pruning
 

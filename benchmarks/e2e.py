@@ -9,6 +9,10 @@ side differs:
 - torch: nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad
   (element-wise: torch has no row-wise Adagrad).
 
+With ``Workload.optimizer == "adagrad"`` every system runs element-wise Adagrad
+(tierec's fused "adagrad", TorchRec's Adagrad, torch's), so the test AUCs
+compare one algorithm.
+
 Every system sees the same batches in the same order: a short untimed warm-up,
 then ``repeats`` timed chunks of ``steps`` fresh batches (a stream, no epochs).
 
@@ -101,7 +105,7 @@ class TierecTrainer(_Trainer):
 
     def __init__(self, w: Workload) -> None:
         super().__init__(w)
-        self.coll = tierec_collection(w)
+        self.coll = tierec_collection(w, kind=w.optimizer)
 
     def embed(self, b: CTRBatch) -> Tensor:
         return self.coll(tierec_features(self.w, b.ids))
@@ -120,7 +124,7 @@ class TorchrecTrainer(_Trainer):
 
     def __init__(self, w: Workload) -> None:
         super().__init__(w)
-        self.ebc = torchrec_fused_ebc(w)
+        self.ebc = torchrec_fused_ebc(w, exact_adagrad=w.optimizer == "adagrad")
 
     def embed(self, b: CTRBatch) -> Tensor:
         return self.ebc(torchrec_kjt(self.w, b.ids)).values().view(self.w.batch, self.w.tables, self.w.dim)
@@ -229,7 +233,7 @@ def e2e_markdown(res: dict) -> str:
     title = (
         f"E2E DLRM, {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
         f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows; "
-        f"data: {res.get('data', 'planted')}"
+        f"data: {res.get('data', 'planted')}; sparse optimizer {w.get('optimizer', 'rowwise_adagrad')}"
     )
     table = []
     for r in res["rows"]:

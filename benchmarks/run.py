@@ -49,8 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the ids; 0 = uniform")
     p.add_argument("--hot", type=int, default=1, help="ids per sample per feature (1 = one-hot)")
-    p.add_argument("--optimizer", default="rowwise_adagrad", choices=["rowwise_adagrad"],
-                   help="sparse optimizer (row-wise Adagrad is the one every peer fuses)")
+    p.add_argument("--optimizer", default="rowwise_adagrad", choices=["rowwise_adagrad", "adagrad"],
+                   help="sparse optimizer: row-wise Adagrad (the one every peer fuses), or element-wise "
+                   "Adagrad (e2e only: the one plain PyTorch has, so all three systems run the same algorithm)")
     p.add_argument("--lr", type=float, default=0.05, help="sparse learning rate")
     p.add_argument("--steps", type=int, default=30, help="steps (batches) per timed repeat")
     p.add_argument("--repeats", type=int, default=5)
@@ -112,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         hot=args.hot,
         steps=args.steps,
         lr=args.lr,
+        optimizer=args.optimizer,
         seed=args.seed,
     )
     budget = int((args.mem_gb or 0.6 * _available_gib()) * 2**30)
     which = ("engine", "e2e", "memory") if args.which == "all" else (args.which,)
+    if w.optimizer != "rowwise_adagrad" and which != ("e2e",):
+        print(f"error: --optimizer {w.optimizer} is for --which e2e; the engine, memory and profile runs "
+              "compare row-wise Adagrad", file=sys.stderr)
+        return 2
     chosen = [s for s in args.systems.split(",") if s]
     out: dict = {"argv": sys.argv[1:] if argv is None else list(argv), "machine": machine(), "results": {}}
     texts = []

@@ -234,7 +234,7 @@ class FbgemmEngine:
 # -------------------------------------------------------------------- torchrec
 
 
-def torchrec_fused_ebc(w: Workload):
+def torchrec_fused_ebc(w: Workload, exact_adagrad: bool = False):
     try:
         import torchrec.optim as trec_optim
         from torchrec import EmbeddingBagConfig
@@ -253,8 +253,12 @@ def torchrec_fused_ebc(w: Workload):
         )
         for f in w.feature_names()
     ]
+    if exact_adagrad:  # FusedEmbeddingBagCollection refuses to fuse torchrec.optim.Adagrad (ValueError)
+        raise PeerMissing("TorchRec's FusedEmbeddingBagCollection cannot fuse element-wise Adagrad")
     return FusedEmbeddingBagCollection(
-        tables=tables, optimizer_type=trec_optim.RowWiseAdagrad, optimizer_kwargs={"lr": w.lr, "eps": w.eps}
+        tables=tables,
+        optimizer_type=trec_optim.RowWiseAdagrad,
+        optimizer_kwargs={"lr": w.lr, "eps": w.eps},
     )
 
 

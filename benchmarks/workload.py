@@ -26,6 +26,9 @@ import torch
 from torch import Tensor
 
 
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     tables: int = 26
@@ -37,12 +40,15 @@ class Workload:
     steps: int = 30  # batches per timed repeat
     lr: float = 0.05
     eps: float = 1e-8
+    optimizer: str = "rowwise_adagrad"  # sparse optimizer: rowwise_adagrad or adagrad (element-wise; e2e only)
     seed: int = 0
 
     def __post_init__(self) -> None:
         for k in ("tables", "rows", "dim", "batch", "hot", "steps"):
             if getattr(self, k) <= 0:
                 raise ValueError(f"{k} must be positive")
+        if self.optimizer not in SPARSE_OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {SPARSE_OPTIMIZERS}, got {self.optimizer!r}")
         if self.zipf < 0:
             raise ValueError("zipf must be >= 0")
         if self.rows >= 1 << 32:

@@ -60,3 +60,22 @@ def test_fused_backward_benchmark_tiny():
     from benchmarks.fused_backward import main as fused_main
 
     assert fused_main(["--rows", "1000", "--tables", "2", "--batch", "64", "--steps", "2", "--repeats", "2", "--quiet"]) > 0
+
+
+def test_e2e_with_elementwise_adagrad(tmp_path, capsys):
+    # Every system runs element-wise Adagrad; TorchRec cannot fuse it and says so instead of
+    # silently running another optimizer; the engine run refuses the option.
+    from benchmarks.e2e import TierecTrainer, TorchTrainer
+    from benchmarks.workload import Workload
+    from tierec.config import OptimizerKind
+
+    w = Workload(tables=2, rows=50, dim=4, batch=8, steps=1, optimizer="adagrad")
+    assert {g.optimizer.kind for g in TierecTrainer(w).coll.groups} == {OptimizerKind.ADAGRAD}
+    assert type(TorchTrainer(w).sparse_opt).__name__ == "Adagrad"
+    out = tmp_path / "e2e.json"
+    assert main(["--which", "e2e", *TINY, "--test-batches", "1", "--optimizer", "adagrad", "--out", str(out)]) == 0
+    rows = {r["system"]: r for r in json.loads(out.read_text())["results"]["e2e"]["rows"]}
+    assert rows["tierec"]["status"] == "ok" and rows["torch"]["status"] == "ok"
+    assert rows["torchrec"]["status"] == "missing"
+    assert main(["--which", "engine", *TINY, "--optimizer", "adagrad"]) == 2
+    assert "is for --which e2e" in capsys.readouterr().err

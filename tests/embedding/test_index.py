@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tierec.batch import SparseFeatures
 from tierec.config import EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, HashIndex, tables_from_config
-from tierec.embedding.hash_index import Deduper
+from tierec.embedding.hash_index import MAX_LOAD, Deduper, table_dtype
 
 
-def test_index_matches_dict_through_growth() -> None:
+@pytest.mark.parametrize("n_tables", [3, 300])  # an int8 and an int16 table column
+def test_index_matches_dict_through_growth(n_tables: int) -> None:
     g = np.random.default_rng(0)
-    idx = HashIndex(initial_rows=4)
+    idx = HashIndex(initial_rows=4, n_tables=n_tables)
+    assert idx.row_tabs.dtype == (np.int8 if n_tables <= 128 else np.int16)
     ref: dict[tuple[int, int], int] = {}
     for _ in range(30):
         keys = np.unique(g.integers(-(2**62), 2**62, size=200) // 997 * 997)  # wide 64-bit ids, some negative
         keys = np.concatenate([keys, keys[:5] + 1])
-        tabs = g.integers(0, 3, size=keys.shape[0]).astype(np.int32)
+        tabs = g.integers(0, n_tables, size=keys.shape[0]).astype(np.int32)
         pairs = list(dict.fromkeys(zip(keys.tolist(), tabs.tolist())))
         keys = np.array([p[0] for p in pairs], dtype=np.int64)
         tabs = np.array([p[1] for p in pairs], dtype=np.int32)
@@ -28,12 +31,21 @@ def test_index_matches_dict_through_growth() -> None:
                 ref[p] = len(ref)
                 assert i in set(got.new.tolist())
             assert got.rows[i] == ref[p]
-    assert idx.num_rows == len(ref)
+        assert idx.num_rows <= MAX_LOAD * idx.slot_rows.shape[0]  # the slot array never gets fuller than this
+    assert idx.num_rows == len(ref) > 5000
+    assert idx.slot_rows.shape[0] & (idx.slot_rows.shape[0] - 1) != 0  # any size, not a power of two
+    np.testing.assert_array_equal(idx.rows_per_table(n_tables), np.bincount([t for _, t in ref], minlength=n_tables))
     # the same key in two tables is two rows: no collisions across tables
     a = idx.lookup(np.array([5, 5], dtype=np.int64), np.array([0, 1], dtype=np.int32), insert=True)
     assert a.rows[0] != a.rows[1]
     miss = idx.lookup(np.array([123456789], dtype=np.int64), np.array([2], dtype=np.int32), insert=False)
     assert miss.rows.tolist() == [-1]
+
+
+def test_table_column_width() -> None:
+    assert table_dtype(128) == np.int8 and table_dtype(129) == np.int16 and table_dtype(32768) == np.int16
+    with pytest.raises(ValueError, match="at most 32768 tables"):
+        table_dtype(32769)
 
 
 def test_deduper_matches_numpy_unique() -> None:

@@ -39,7 +39,7 @@ class TableGroup:
         self.optimizer = tables[0].optimizer
         self.seed = seed
         self.device = torch.device(device)
-        self.index = HashIndex()
+        self.index = HashIndex(n_tables=len(tables))
         self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
         self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)

@@ -3,8 +3,11 @@
 Rows are numbered densely in insertion order, so a table's weights live in one
 contiguous ``[rows, dim]`` tensor. The map is open addressing with linear
 probing; a slot holds only an int32 row number and the key is confirmed
-against the row's own id, so the index costs about 12 bytes per row plus
-4 bytes per slot.
+against the row's own id and table, so the index costs 8 bytes of id plus
+1 byte of table (2 beyond 127 tables) per row, plus 4 bytes per slot. The slot
+array can have any size (a multiply-shift maps a hash onto it), so it is kept
+between 50 % and 80 % full: 5 to 8 bytes per row, where power-of-two sizes at
+the same maximum load swing between 5 and 10 (a rebuild always doubles them).
 
 >>> import numpy as np
 >>> from tierec.embedding.hash_index import HashIndex
@@ -24,7 +27,9 @@ import numpy as np
 
 from tierec.embedding import kernels
 
-MAX_LOAD = 0.75
+MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
+REBUILD_LOAD = 0.5  # ... into one this full
+MAX_SLOTS = (1 << 32) - 1  # kernels.home_slot scales a 32-bit hash
 
 
 @dataclass(frozen=True)
@@ -33,16 +38,33 @@ class Lookup:
     new: np.ndarray  # [n_new] int64 positions (into the query) of pairs inserted by this call
 
 
-def _next_pow2(n: int) -> int:
+def _next_pow2(n: int) -> int:  # the per-batch Deduper's scratch table (kernels.dedupe masks its hash)
     return 1 << max(4, int(n - 1).bit_length())
 
 
+def _slots_for(rows: int, load: float) -> int:
+    n = max(16, int(rows / load) + 1)
+    if n > MAX_SLOTS:
+        raise ValueError(f"a HashIndex holds at most {int(MAX_SLOTS * MAX_LOAD):,} rows; split the tables into more groups")
+    return n
+
+
+def table_dtype(n_tables: int) -> np.dtype:
+    """Narrowest signed integer holding table numbers 0 .. n_tables - 1."""
+    if n_tables <= np.iinfo(np.int8).max + 1:
+        return np.dtype(np.int8)
+    if n_tables <= np.iinfo(np.int16).max + 1:
+        return np.dtype(np.int16)
+    raise ValueError(f"a HashIndex holds at most {np.iinfo(np.int16).max + 1} tables, got {n_tables}")
+
+
 class HashIndex:
-    def __init__(self, initial_rows: int = 1024) -> None:
+    def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15) -> None:
         self.num_rows = 0
+        self.n_tables = n_tables
         self.row_keys = np.zeros(initial_rows, dtype=np.int64)  # [R] id of each row
-        self.row_tabs = np.zeros(initial_rows, dtype=np.int16)  # [R] table of each row
-        self.slot_rows = np.full(_next_pow2(int(initial_rows / MAX_LOAD) + 1), -1, dtype=np.int32)  # [S]
+        self.row_tabs = np.zeros(initial_rows, dtype=table_dtype(n_tables))  # [R] table of each row
+        self.slot_rows = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S]
 
     @property
     def row_capacity(self) -> int:
@@ -60,7 +82,7 @@ class HashIndex:
             self.row_tabs = np.resize(self.row_tabs, cap)
             grown = True
         if rows > MAX_LOAD * self.slot_rows.shape[0]:
-            self.slot_rows = np.full(_next_pow2(int(rows / MAX_LOAD) + 1), -1, dtype=np.int32)
+            self.slot_rows = np.full(_slots_for(rows, REBUILD_LOAD), -1, dtype=np.int32)
             kernels.rebuild_slots(self.row_keys, self.row_tabs, self.num_rows, self.slot_rows)
         return grown
 

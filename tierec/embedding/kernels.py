@@ -29,6 +29,13 @@ def key_hash(table: np.int32, key: np.int64) -> np.uint64:
     return mix64(np.uint64(key) ^ (np.uint64(table + 1) * _GOLDEN))
 
 
+@nb.njit(inline="always", cache=True)
+def home_slot(h: np.uint64, n_slots: np.uint64) -> np.uint64:
+    """Slot of hash ``h`` in a table of ``n_slots`` < 2**32 slots, of any size: the top 32 bits
+    of ``h`` scaled to ``[0, n_slots)`` by a multiply and a shift (no modulo, no power-of-two size)."""
+    return ((h >> np.uint64(32)) * n_slots) >> np.uint64(32)
+
+
 @nb.njit(cache=True)
 def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_tabs, inverse):
     """Unique (table, key) pairs in first-seen order, and each input's position among them.
@@ -65,19 +72,19 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
 def lookup(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, new_out):
     """Find the row of each unique (table, key); with ``insert`` add missing ones.
 
-    slot_rows [S] int32 is an open-addressing map onto rows (S a power of two,
-    -1 when empty); a slot holds only a row number, and the row's own key
-    (row_keys [R] int64) and table (row_tabs [R] int16) confirm a match, which
+    slot_rows [S] int32 is an open-addressing map onto rows (any size S < 2**32,
+    linear probing from ``home_slot``, -1 when empty); a slot holds only a row number, and the row's own key
+    (row_keys [R] int64) and table (row_tabs [R], int8 or int16) confirm a match, which
     keeps the index at a few bytes per row. Missing pairs get row -1 without
     ``insert``, else rows n_rows, n_rows+1, ... and their positions in ``keys``
     are listed in new_out. Returns (n_rows, n_new).
     """
-    mask = np.uint64(slot_rows.shape[0] - 1)
+    n_slots = np.uint64(slot_rows.shape[0])
     n_new = 0
     for i in range(keys.shape[0]):
         k = keys[i]
         t = tabs[i]
-        s = key_hash(t, k) & mask
+        s = home_slot(key_hash(t, k), n_slots)
         while True:
             r = slot_rows[s]
             if r == -1:
@@ -95,18 +102,22 @@ def lookup(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, 
             if row_keys[r] == k and row_tabs[r] == t:
                 rows_out[i] = r
                 break
-            s = (s + np.uint64(1)) & mask
+            s += np.uint64(1)
+            if s == n_slots:
+                s = np.uint64(0)
     return n_rows, n_new
 
 
 @nb.njit(cache=True)
 def rebuild_slots(row_keys, row_tabs, n_rows, slot_rows):
     """Re-insert rows 0..n_rows-1 into an all-empty slot array (after growth)."""
-    mask = np.uint64(slot_rows.shape[0] - 1)
+    n_slots = np.uint64(slot_rows.shape[0])
     for r in range(n_rows):
-        s = key_hash(np.int32(row_tabs[r]), row_keys[r]) & mask
+        s = home_slot(key_hash(np.int32(row_tabs[r]), row_keys[r]), n_slots)
         while slot_rows[s] != -1:
-            s = (s + np.uint64(1)) & mask
+            s += np.uint64(1)
+            if s == n_slots:
+                s = np.uint64(0)
         slot_rows[s] = r
 
 
@@ -132,13 +143,15 @@ def init_rows(weights, rows, keys, tabs, scales, seed):
 @nb.njit(parallel=True, cache=True)
 def find(keys, tabs, slot_rows, row_keys, row_tabs, rows_out):
     """Read-only, parallel lookup: the row of each (table, key), or -1 when absent."""
-    mask = np.uint64(slot_rows.shape[0] - 1)
+    n_slots = np.uint64(slot_rows.shape[0])
     for i in nb.prange(keys.shape[0]):
         k = keys[i]
         t = tabs[i]
-        s = key_hash(t, k) & mask
+        s = home_slot(key_hash(t, k), n_slots)
         r = slot_rows[s]
         while r != -1 and not (row_keys[r] == k and row_tabs[r] == t):
-            s = (s + np.uint64(1)) & mask
+            s += np.uint64(1)
+            if s == n_slots:
+                s = np.uint64(0)
             r = slot_rows[s]
         rows_out[i] = r

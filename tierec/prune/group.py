@@ -97,7 +97,7 @@ class PrunedGroup(TableGroup):
         self.init_chunks = min(cfg.init_dim // cfg.chunk or self.n_pos, self.n_pos)
         self.by_grad = cfg.importance == "gradient"
         self.shrinkage = float(cfg.shrinkage) if self.by_grad else 0.0
-        self.index = HashIndex()
+        self.index = HashIndex(n_tables=len(tables))
         self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
         shapes = state_shapes(self.optimizer.kind, self.dim)
         dim_state = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if s}
@@ -390,7 +390,7 @@ class PrunedGroup(TableGroup):
             return 0
         tabs = self.index.row_tabs[:n]
         self.evicted += np.bincount(tabs[live == 0], minlength=len(self.tables))
-        index = HashIndex(initial_rows=max(int(keep.size * 1.25), 16))
+        index = HashIndex(initial_rows=max(int(keep.size * 1.25), 16), n_tables=len(self.tables))
         if keep.size:
             index.lookup(self.index.row_keys[keep].copy(), tabs[keep].astype(np.int32), insert=True)
         cap, k = index.row_capacity, keep.size

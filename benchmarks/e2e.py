@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.engine import omp_wait_note
 from benchmarks.report import markdown_table
 from benchmarks.synthetic import N_DENSE, CTRBatch, make_ctr_batches, tierec_data_batches
 from benchmarks.systems import (
@@ -233,7 +234,7 @@ def e2e_markdown(res: dict) -> str:
     title = (
         f"E2E DLRM, {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
         f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows; "
-        f"data: {res.get('data', 'planted')}; sparse optimizer {w.get('optimizer', 'rowwise_adagrad')}"
+        f"data: {res.get('data', 'planted')}; sparse optimizer {w.get('optimizer', 'rowwise_adagrad')}; {omp_wait_note()}"
     )
     table = []
     for r in res["rows"]:

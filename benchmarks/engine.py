@@ -146,7 +146,18 @@ def engine_markdown(res: dict) -> str:
     ]
     loads = res["stats"].get("loadavg_at_repeats", [])
     load = f"; load average during repeats {min(loads):.1f}-{max(loads):.1f} on {_cores()} cores" if loads else ""
-    return f"**{title}**{load}\n\n" + markdown_table(hdr, table)
+    return f"**{title}**{load}; {omp_wait_note()}\n\n" + markdown_table(hdr, table)
+
+
+def omp_wait_note() -> str:
+    """The OpenMP wait policy in force, which changes the peers' 2-thread times several fold."""
+    import os
+
+    policy = os.environ.get("OMP_WAIT_POLICY", "").upper() or "default (active)"
+    if policy == "PASSIVE":
+        return ("OpenMP waits PASSIVE (each torch/FBGEMM parallel region wakes sleeping threads: "
+                "on a quiet machine also run with OMP_WAIT_POLICY=ACTIVE)")
+    return f"OpenMP waits {policy}"
 
 
 def _cores() -> int:

@@ -57,7 +57,13 @@ DATASETS = {
     "criteo": [f"data.source={CRITEO}", "data.test_rows=2000", "train.batch_size=64", "prune.every=10"],
 }
 RATIOS = (2, 4, 8, 16, 32, 64, 256)  # uniform dims stop at 16x (dim 1)
-METHODS = ("prune", "frequency", "uniform")  # the default set; also "prune_noshrink"
+METHODS = ("prune", "frequency", "uniform")  # the default set; also the VARIANTS below
+# Variants of a pruning method: extra config overrides on top of it.
+VARIANTS = {
+    "prune_noshrink": ("prune", ["prune.shrinkage=0"]),
+    "prune_init4": ("prune", ["prune.init_dim=4"]),
+    "frequency_init4": ("frequency", ["prune.init_dim=4"]),
+}
 DIM = 16
 DENSE_LR = 0.003
 
@@ -66,12 +72,11 @@ def overrides(data: str, method: str, ratio: int, seed: int, budget: int = 0) ->
     """Config overrides of one run; pruning runs get ``budget`` bytes (else ``target_ratio``)."""
     # dense lr pinned to the default the documented sweep was measured with (docs/pruning.md)
     over = DATASETS[data] + [f"train.seed={seed}", "train.progress=false", f"embedding.dim={DIM}", f"train.dense_lr={DENSE_LR}"]
-    if method in ("prune", "frequency", "prune_noshrink"):
-        importance = "frequency" if method == "frequency" else "gradient"
+    base, extra = VARIANTS.get(method, (method, []))
+    if base in ("prune", "frequency"):
+        importance = "frequency" if base == "frequency" else "gradient"
         target = f"prune.memory_budget={budget}" if budget else f"prune.target_ratio={ratio}"
-        over += ["prune.enabled=true", target, f"prune.importance={importance}"]
-        if method == "prune_noshrink":
-            over += ["prune.shrinkage=0"]
+        over += ["prune.enabled=true", target, f"prune.importance={importance}", *extra]
     elif method == "uniform":
         over += [f"embedding.dim={DIM // ratio}"]
     return over
@@ -293,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tempfile.mkdtemp(prefix="tierec_pruning_"))
         seeds = [int(x) for x in a.seeds.split(",")]
         ratios = tuple(int(x) for x in a.ratios.split(","))
+        unknown = [m for m in a.methods.split(",") if m not in METHODS and m not in VARIANTS]
+        if unknown:
+            p.error(f"unknown --methods {unknown}; choose from {[*METHODS, *VARIANTS]}")
         runs = [] if a.skip_sweep else sweep(a.data, seeds, ratios, tuple(a.methods.split(",")), root, log)
         result = {"data": a.data, "runs": runs, "summary": summarize(runs)}
         if a.throughput_rounds:

@@ -79,3 +79,9 @@ def test_e2e_with_elementwise_adagrad(tmp_path, capsys):
     assert rows["torchrec"]["status"] == "missing"
     assert main(["--which", "engine", *TINY, "--optimizer", "adagrad"]) == 2
     assert "is for --which e2e" in capsys.readouterr().err
+
+
+def test_dense_interaction_benchmark_tiny():
+    from benchmarks.dense_interaction import main as dense_main
+
+    assert dense_main(["--batch", "32", "--tables", "3", "--dim", "4", "--steps", "1", "--repeats", "2", "--quiet"]) > 0

@@ -118,3 +118,21 @@ def test_stats_report_rows_and_bytes() -> None:
     st = c.table_stats()
     assert st["x"]["rows"] == 3 and st["y"]["rows"] == 1
     assert st["x"]["bytes"] > st["y"]["bytes"] > 0
+
+
+def test_insert_resumes_where_find_stopped_even_with_repeats() -> None:
+    # Inserts resume each probe at the empty slot find stopped at; a key repeated in one
+    # call, and keys whose probes cross slots filled earlier in the same call, still get
+    # one row each, equal to what a fresh index (full probes after a rebuild) gives.
+    g = np.random.default_rng(3)
+    idx = HashIndex(initial_rows=4096, n_tables=2)  # large enough that no call rebuilds the slots
+    slots = idx.slot_rows
+    ref: dict[tuple[int, int], int] = {}
+    for _ in range(5):
+        keys = g.integers(0, 3000, size=400).astype(np.int64)  # repeats inside each call
+        tabs = g.integers(0, 2, size=400).astype(np.int32)
+        got = idx.lookup(keys, tabs, insert=True).rows
+        for k, t, r in zip(keys.tolist(), tabs.tolist(), got.tolist()):
+            assert ref.setdefault((k, t), r) == r
+    assert idx.slot_rows is slots and idx.num_rows == len(ref)
+    assert sorted(ref.values()) == list(range(len(ref)))

@@ -94,18 +94,22 @@ class HashIndex:
         """
         n = keys.shape[0]
         rows = np.empty(n, dtype=np.int64)
-        kernels.find(keys, tabs, self.slot_rows, self.row_keys, self.row_tabs, rows)
+        ends = np.empty(n, dtype=np.int64)  # where each probe stopped
+        kernels.find(keys, tabs, self.slot_rows, self.row_keys, self.row_tabs, rows, ends)
         if not insert:
             return Lookup(rows=rows, new=np.empty(0, dtype=np.int64))
         missing = np.flatnonzero(rows < 0)
         if missing.size == 0:
             return Lookup(rows=rows, new=missing)
+        slots = self.slot_rows
         self.reserve(self.num_rows + missing.size)
+        # The insert resumes each probe where find stopped, unless reserve rebuilt the slots.
+        start = ends[missing] if self.slot_rows is slots else np.empty(0, dtype=np.int64)
         mkeys, mtabs = keys[missing], tabs[missing]
         mrows = np.empty(missing.size, dtype=np.int64)
         new = np.empty(missing.size, dtype=np.int64)
         self.num_rows, n_new = kernels.lookup(
-            mkeys, mtabs, self.slot_rows, self.row_keys, self.row_tabs, mrows, True, self.num_rows, new
+            mkeys, mtabs, start, self.slot_rows, self.row_keys, self.row_tabs, mrows, True, self.num_rows, new
         )
         rows[missing] = mrows
         return Lookup(rows=rows, new=missing[new[:n_new]])

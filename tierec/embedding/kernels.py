@@ -69,7 +69,7 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
 
 
 @nb.njit(cache=True)
-def lookup(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, new_out):
+def lookup(keys, tabs, start, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, new_out):
     """Find the row of each unique (table, key); with ``insert`` add missing ones.
 
     slot_rows [S] int32 is an open-addressing map onto rows (any size S < 2**32,
@@ -78,13 +78,20 @@ def lookup(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, insert, n_rows, 
     keeps the index at a few bytes per row. Missing pairs get row -1 without
     ``insert``, else rows n_rows, n_rows+1, ... and their positions in ``keys``
     are listed in new_out. Returns (n_rows, n_new).
+
+    ``start`` [N] (or empty) is where to begin each probe instead of the home slot:
+    the empty slot at which ``find`` gave up on that key, when the slot array has not
+    changed since. Slots are only ever filled, so every slot between the home slot
+    and that one still holds another key, and the walk over them (one ``row_keys``
+    read each, a likely cache miss) is not repeated.
     """
     n_slots = np.uint64(slot_rows.shape[0])
     n_new = 0
+    resume = start.shape[0] > 0
     for i in range(keys.shape[0]):
         k = keys[i]
         t = tabs[i]
-        s = home_slot(key_hash(t, k), n_slots)
+        s = np.uint64(start[i]) if resume else home_slot(key_hash(t, k), n_slots)
         while True:
             r = slot_rows[s]
             if r == -1:
@@ -141,8 +148,12 @@ def init_rows(weights, rows, keys, tabs, scales, seed):
 
 
 @nb.njit(parallel=True, cache=True)
-def find(keys, tabs, slot_rows, row_keys, row_tabs, rows_out):
-    """Read-only, parallel lookup: the row of each (table, key), or -1 when absent."""
+def find(keys, tabs, slot_rows, row_keys, row_tabs, rows_out, end_out):
+    """Read-only, parallel lookup: the row of each (table, key), or -1 when absent.
+
+    end_out [N] int64 receives the slot where each probe stopped (for an absent key,
+    the empty slot an insert would take first; ``lookup`` resumes from it).
+    """
     n_slots = np.uint64(slot_rows.shape[0])
     for i in nb.prange(keys.shape[0]):
         k = keys[i]
@@ -155,3 +166,4 @@ def find(keys, tabs, slot_rows, row_keys, row_tabs, rows_out):
                 s = np.uint64(0)
             r = slot_rows[s]
         rows_out[i] = r
+        end_out[i] = s

@@ -7,13 +7,22 @@ and a DLRM step measured 10-20x slower (wall) than with sleeping waits. So,
 unless the environment already says otherwise, the benchmarks run with
 ``OMP_WAIT_POLICY=PASSIVE`` for every system alike. It only takes effect when
 set before torch is first imported; ``benchmarks.run`` records what was in force.
+
+The policy changes the peers' 2-thread times several fold (docs/performance.md), so
+compare under each: ``OMP_WAIT_POLICY=ACTIVE`` (spin forever), ``PASSIVE`` (sleep at
+once), or ``OMP_WAIT_POLICY=default``, which this package removes from the
+environment so that OpenMP runs with no policy at all (its own default: spin a
+while, then sleep), which is what a user who sets nothing gets.
 """
 
 import os
 import sys
 
 if "torch" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if os.environ.get("OMP_WAIT_POLICY", "").lower() == "default":
+        del os.environ["OMP_WAIT_POLICY"]  # OpenMP's own default, as for a user who sets nothing
+    else:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     OMP_WAIT_POLICY_APPLIED = True
 else:  # imported from a process that already started OpenMP: its policy stands
     OMP_WAIT_POLICY_APPLIED = "OMP_WAIT_POLICY" in os.environ

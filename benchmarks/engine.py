@@ -153,7 +153,7 @@ def omp_wait_note() -> str:
     """The OpenMP wait policy in force, which changes the peers' 2-thread times several fold."""
     import os
 
-    policy = os.environ.get("OMP_WAIT_POLICY", "").upper() or "default (active)"
+    policy = os.environ.get("OMP_WAIT_POLICY", "").upper() or "unset (OpenMP's default: spin a while, then sleep)"
     if policy == "PASSIVE":
         return ("OpenMP waits PASSIVE (each torch/FBGEMM parallel region wakes sleeping threads: "
                 "on a quiet machine also run with OMP_WAIT_POLICY=ACTIVE)")

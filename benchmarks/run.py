@@ -81,7 +81,7 @@ def machine() -> dict:
         "numba": numba.__version__,
         "numba_threads": numba.get_num_threads(),
         "loadavg": os.getloadavg(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default: active spinning)"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: OpenMP default, spin a while then sleep)"),
         "omp_wait_policy_in_force": bool(OMP_WAIT_POLICY_APPLIED),
     }
 

@@ -97,3 +97,19 @@ def test_every_command_has_help(capsys) -> None:
             main(cmd)
         assert e.value.code == 0
         assert "usage:" in capsys.readouterr().out
+
+
+def test_cli_openmp_wait_policy() -> None:
+    # Unset -> PASSIVE; "default" (any case) -> removed, so OpenMP's own default applies;
+    # anything else is the user's and stands.
+    from tierec.cli import apply_omp_wait_policy
+
+    env: dict[str, str] = {}
+    apply_omp_wait_policy(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {"OMP_WAIT_POLICY": "Default"}
+    apply_omp_wait_policy(env)
+    assert env == {}
+    env = {"OMP_WAIT_POLICY": "ACTIVE"}
+    apply_omp_wait_policy(env)
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}

@@ -12,10 +12,18 @@ from tierec.embedding import EmbeddingCollection, HashIndex, tables_from_config
 from tierec.embedding.hash_index import MAX_LOAD, Deduper, table_dtype
 
 
-@pytest.mark.parametrize("n_tables", [3, 300])  # an int8 and an int16 table column
-def test_index_matches_dict_through_growth(n_tables: int) -> None:
+@pytest.mark.parametrize(
+    ("n_tables", "tagged_rows"),
+    [(3, None), (300, None), (3, 1000)],  # int8 / int16 table column; tags dropped past 1000 rows
+)
+def test_index_matches_dict_through_growth(n_tables: int, tagged_rows: int | None, monkeypatch) -> None:
+    from tierec.embedding import hash_index
+
+    if tagged_rows is not None:
+        monkeypatch.setattr(hash_index, "TAGGED_ROWS", tagged_rows)
     g = np.random.default_rng(0)
     idx = HashIndex(initial_rows=4, n_tables=n_tables)
+    assert idx.tag_bits == hash_index.TAG_BITS
     assert idx.row_tabs.dtype == (np.int8 if n_tables <= 128 else np.int16)
     ref: dict[tuple[int, int], int] = {}
     for _ in range(30):
@@ -33,6 +41,8 @@ def test_index_matches_dict_through_growth(n_tables: int) -> None:
             assert got.rows[i] == ref[p]
         assert idx.num_rows <= MAX_LOAD * idx.slot_rows.shape[0]  # the slot array never gets fuller than this
     assert idx.num_rows == len(ref) > 5000
+    assert idx.tag_bits == (0 if tagged_rows else hash_index.TAG_BITS)
+    assert (idx.slot_rows >= 1 << 27).any() == (not tagged_rows)  # tags sit above the row numbers
     assert idx.slot_rows.shape[0] & (idx.slot_rows.shape[0] - 1) != 0  # any size, not a power of two
     np.testing.assert_array_equal(idx.rows_per_table(n_tables), np.bincount([t for _, t in ref], minlength=n_tables))
     # the same key in two tables is two rows: no collisions across tables

@@ -2,8 +2,10 @@
 
 Rows are numbered densely in insertion order, so a table's weights live in one
 contiguous ``[rows, dim]`` tensor. The map is open addressing with linear
-probing; a slot holds only an int32 row number and the key is confirmed
-against the row's own id and table, so the index costs 8 bytes of id plus
+probing; a slot holds an int32 row number, with 4 bits of the key's hash above
+it while the group has at most 134M rows (a slot whose bits differ is passed
+over without reading its row's id), and the key is confirmed against the row's
+own id and table, so the index costs 8 bytes of id plus
 1 byte of table (2 beyond 127 tables) per row, plus 4 bytes per slot. The slot
 array can have any size (a multiply-shift maps a hash onto it), so it is kept
 between 50 % and 80 % full: 5 to 8 bytes per row, where power-of-two sizes at
@@ -30,6 +32,8 @@ from tierec.embedding import kernels
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.5  # ... into one this full
 MAX_SLOTS = (1 << 32) - 1  # kernels.home_slot scales a 32-bit hash
+TAG_BITS = 4  # hash bits kept above the row number in each slot ...
+TAGGED_ROWS = 1 << (31 - TAG_BITS)  # ... while rows fit in the rest (134M); beyond, slots hold bare rows
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class HashIndex:
         self.n_tables = n_tables
         self.row_keys = np.zeros(initial_rows, dtype=np.int64)  # [R] id of each row
         self.row_tabs = np.zeros(initial_rows, dtype=table_dtype(n_tables))  # [R] table of each row
-        self.slot_rows = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S]
+        self.tag_bits = TAG_BITS if initial_rows <= TAGGED_ROWS else 0
+        self.slot_rows = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S] tag | row, -1 empty
 
     @property
     def row_capacity(self) -> int:
@@ -81,9 +86,11 @@ class HashIndex:
             self.row_keys = np.resize(self.row_keys, cap)
             self.row_tabs = np.resize(self.row_tabs, cap)
             grown = True
-        if rows > MAX_LOAD * self.slot_rows.shape[0]:
+        tag_bits = TAG_BITS if rows <= TAGGED_ROWS else 0
+        if rows > MAX_LOAD * self.slot_rows.shape[0] or tag_bits != self.tag_bits:
+            self.tag_bits = tag_bits
             self.slot_rows = np.full(_slots_for(rows, REBUILD_LOAD), -1, dtype=np.int32)
-            kernels.rebuild_slots(self.row_keys, self.row_tabs, self.num_rows, self.slot_rows)
+            kernels.rebuild_slots(self.row_keys, self.row_tabs, self.num_rows, self.slot_rows, self.tag_bits)
         return grown
 
     def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Lookup:
@@ -95,7 +102,7 @@ class HashIndex:
         n = keys.shape[0]
         rows = np.empty(n, dtype=np.int64)
         ends = np.empty(n, dtype=np.int64)  # where each probe stopped
-        kernels.find(keys, tabs, self.slot_rows, self.row_keys, self.row_tabs, rows, ends)
+        kernels.find(keys, tabs, self.slot_rows, self.row_keys, self.row_tabs, self.tag_bits, rows, ends)
         if not insert:
             return Lookup(rows=rows, new=np.empty(0, dtype=np.int64))
         missing = np.flatnonzero(rows < 0)
@@ -109,7 +116,7 @@ class HashIndex:
         mrows = np.empty(missing.size, dtype=np.int64)
         new = np.empty(missing.size, dtype=np.int64)
         self.num_rows, n_new = kernels.lookup(
-            mkeys, mtabs, start, self.slot_rows, self.row_keys, self.row_tabs, mrows, True, self.num_rows, new
+            mkeys, mtabs, start, self.slot_rows, self.row_keys, self.row_tabs, self.tag_bits, mrows, True, self.num_rows, new
         )
         rows[missing] = mrows
         return Lookup(rows=rows, new=missing[new[:n_new]])

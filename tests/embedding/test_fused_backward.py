@@ -11,7 +11,7 @@ from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, Pooling
 from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.embedding.group import TableGroup
-from tierec.embedding.pooling import FUSED_MIN_DIM
+from tierec.embedding.pooling import FUSED_MIN_DIM, FUSED_MIN_DIM_AVX512, fused_pays
 
 FEATURES = ["a", "b", "c"]
 
@@ -49,14 +49,23 @@ def test_fused_reduce_update_equals_the_two_pass_path(dim: int) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+def test_fused_pays_rule() -> None:
+    # The measured rule (docs/performance.md): without AVX-512 from dim 32, or on one thread;
+    # with AVX-512 from dim 64 only.
+    assert fused_pays(FUSED_MIN_DIM, 2, avx512=False) and not fused_pays(FUSED_MIN_DIM - 1, 2, avx512=False)
+    assert fused_pays(16, 1, avx512=False)
+    assert fused_pays(FUSED_MIN_DIM_AVX512, 2, avx512=True) and fused_pays(FUSED_MIN_DIM_AVX512, 1, avx512=True)
+    assert not fused_pays(FUSED_MIN_DIM_AVX512 - 1, 2, avx512=True) and not fused_pays(16, 1, avx512=True)
+
+
 def test_fused_path_is_taken_only_where_it_applies() -> None:
     threads = numba.get_num_threads()
     try:
-        numba.set_num_threads(1)
-        assert _collection(16).groups[0].fused_reduce_update()  # one thread: always the fused pass
-        if numba.config.NUMBA_NUM_THREADS >= 2:
-            numba.set_num_threads(2)  # narrow rows on several threads: two passes are faster
-            assert not _collection(FUSED_MIN_DIM - 1).groups[0].fused_reduce_update()
+        for n in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(n)
+            for dim in (16, 32, 64):
+                g = _collection(dim).groups[0]
+                assert g.fused_reduce_update() == fused_pays(dim, n, g.avx512)
     finally:
         numba.set_num_threads(threads)
     assert not _collection(64, OptimizerKind.ADAM).groups[0].fused_reduce_update()

@@ -25,7 +25,7 @@ from tierec.embedding import kernels
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, initial_state_value, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
-from tierec.embedding.pooling import FUSED_MIN_DIM, reduce_update_rowwise
+from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
 from tierec.embedding.table import TableConfig
 
 
@@ -45,6 +45,7 @@ class TableGroup:
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
         self._owned: dict[str, np.ndarray] | None = None  # CPU: the arrays behind weights/state once grown
+        self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
 
     @property
     def num_rows(self) -> int:
@@ -127,14 +128,14 @@ class TableGroup:
 
     def fused_reduce_update(self) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
-        instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, with dim >= FUSED_MIN_DIM or
-        on one thread (where its serial grouping of ids by row costs no parallelism). Subclasses whose
-        ``update`` does more than the optimizer step say False."""
+        instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, where ``pooling.fused_pays``
+        for this dim, thread count and host. Subclasses whose ``update`` does more than the optimizer step
+        say False."""
         return (
             type(self).update is TableGroup.update
             and self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
             and self.device.type == "cpu"
-            and (self.dim >= FUSED_MIN_DIM or numba.get_num_threads() == 1)
+            and fused_pays(self.dim, numba.get_num_threads(), self.avx512)
         )
 
     def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:

@@ -76,10 +76,29 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
     return scale
 
 
-# Row-parallel reduce + update (``reduce_update_rowwise``) pays from this dim on with several
-# threads: below it the serial counting sort that groups ids by row costs more than the zero-fill
-# and second pass it saves. On one thread it pays at every dim (docs/performance.md).
-FUSED_MIN_DIM = 32
+# Where the row-parallel reduce + update (``reduce_update_rowwise``) beats pool_backward + the
+# optimizer pass, measured A/B on two hosts (docs/performance.md, benchmarks.fused_backward):
+# its serial counting sort that groups ids by row is a fixed cost, the zero-fill and second pass
+# it saves grow with the dim and shrink with wider vectors. AVX2 host: pays from dim 32 on several
+# threads (1.35x at 32, 1.62x at 64) and at every dim on one thread (1.27x at 16). AVX-512 host:
+# pays at dim 64 (1.75x on 2 threads, 1.07x on 1), loses at dim 32 on 2 threads (0.87x) and at
+# dim 16 on one thread (0.85x), where the two vectorised passes are fast.
+FUSED_MIN_DIM = 32  # without AVX-512
+FUSED_MIN_DIM_AVX512 = 64
+
+
+def fused_pays(dim: int, threads: int, avx512: bool) -> bool:
+    """Whether the fused row-parallel pass is the faster one for this dim, thread count and host."""
+    if avx512:
+        return dim >= FUSED_MIN_DIM_AVX512
+    return dim >= FUSED_MIN_DIM or threads == 1
+
+
+def host_has_avx512() -> bool:
+    """True when the CPU numba compiles for has AVX-512 (foundation subset)."""
+    import llvmlite.binding as ll
+
+    return bool(ll.get_host_cpu_features().get("avx512f", False))
 
 
 @nb.njit(parallel=True, cache=True)

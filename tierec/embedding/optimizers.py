@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from tierec.config import OptimizerConfig, OptimizerKind
+from tierec.embedding.prefetch import AHEAD, prefetch_row
 
 
 def state_shapes(kind: OptimizerKind, dim: int) -> dict[str, tuple[int, ...]]:
@@ -42,7 +43,10 @@ def initial_state_value(cfg: OptimizerConfig, name: str) -> float:
 @nb.njit(parallel=True, cache=True, fastmath=False)
 def _sgd(w, rows, g, lr, wd):
     d = w.shape[1]
-    for i in nb.prange(rows.shape[0]):
+    n = rows.shape[0]
+    for i in nb.prange(n):
+        if i + AHEAD < n:
+            prefetch_row(w, rows[i + AHEAD])
         r = rows[i]
         for j in range(d):
             w[r, j] -= lr * (g[i, j] + wd * w[r, j])
@@ -51,7 +55,11 @@ def _sgd(w, rows, g, lr, wd):
 @nb.njit(parallel=True, cache=True)
 def _adagrad(w, s, rows, g, lr, eps, wd):
     d = w.shape[1]
-    for i in nb.prange(rows.shape[0]):
+    n = rows.shape[0]
+    for i in nb.prange(n):
+        if i + AHEAD < n:
+            prefetch_row(w, rows[i + AHEAD])
+            prefetch_row(s, rows[i + AHEAD])
         r = rows[i]
         for j in range(d):
             gj = g[i, j] + wd * w[r, j]
@@ -62,7 +70,11 @@ def _adagrad(w, s, rows, g, lr, eps, wd):
 @nb.njit(parallel=True, cache=True)
 def _rowwise_adagrad(w, s, rows, g, lr, eps, wd):
     d = w.shape[1]
-    for i in nb.prange(rows.shape[0]):
+    n = rows.shape[0]
+    for i in nb.prange(n):
+        if i + AHEAD < n:
+            prefetch_row(w, rows[i + AHEAD])
+            prefetch_row(s, rows[i + AHEAD])
         r = rows[i]
         acc = np.float32(0.0)
         for j in range(d):
@@ -77,7 +89,12 @@ def _rowwise_adagrad(w, s, rows, g, lr, eps, wd):
 @nb.njit(parallel=True, cache=True)
 def _adam(w, m, v, rows, g, step_size, b1, b2, eps, wd):
     d = w.shape[1]
-    for i in nb.prange(rows.shape[0]):
+    n = rows.shape[0]
+    for i in nb.prange(n):
+        if i + AHEAD < n:
+            prefetch_row(w, rows[i + AHEAD])
+            prefetch_row(m, rows[i + AHEAD])
+            prefetch_row(v, rows[i + AHEAD])
         r = rows[i]
         for j in range(d):
             gj = g[i, j] + wd * w[r, j]

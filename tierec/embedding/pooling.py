@@ -13,6 +13,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from tierec.embedding.prefetch import AHEAD, prefetch_row
+
 
 @nb.njit(parallel=True, cache=True)
 def pool_forward(weights, rows, inverse, offsets, bag_scale, batch, out):
@@ -23,12 +25,17 @@ def pool_forward(weights, rows, inverse, offsets, bag_scale, batch, out):
     """
     d = weights.shape[1]
     n_bags = offsets.shape[0] - 1
+    n = inverse.shape[0]
     for k in nb.prange(n_bags):
         f = k // batch
         b = k - f * batch
         for j in range(d):
             out[b, f, j] = 0.0
         for i in range(offsets[k], offsets[k + 1]):
+            if i + AHEAD < n:  # announce the row AHEAD ids on: its cache miss overlaps this work
+                ra = rows[inverse[i + AHEAD]]
+                if ra >= 0:
+                    prefetch_row(weights, ra)
             r = rows[inverse[i]]
             if r >= 0:
                 for j in range(d):
@@ -151,7 +158,11 @@ def reduce_update_rowwise(grad_out, inverse, offsets, bag_scale, batch, rows, w,
     start, ids, bag = _ids_by_row(inverse, offsets, n_rows, n_parts)
     for blk in nb.prange(n_blocks):
         acc = np.empty(d, dtype=np.float32)
-        for u in range(blk * n_rows // n_blocks, (blk + 1) * n_rows // n_blocks):
+        hi = (blk + 1) * n_rows // n_blocks
+        for u in range(blk * n_rows // n_blocks, hi):
+            if u + AHEAD < hi:
+                prefetch_row(w, rows[u + AHEAD])
+                prefetch_row(s, rows[u + AHEAD])
             for j in range(d):
                 acc[j] = 0.0
             for p in range(start[u], start[u + 1]):

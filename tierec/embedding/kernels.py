@@ -10,6 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from tierec.embedding.prefetch import AHEAD, prefetch_row
+
 EMPTY = np.int32(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -53,7 +55,13 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
     """
     mask = np.uint64(scratch_pos.shape[0] - 1)
     u = 0
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + AHEAD < n:  # the scratch slot of the key AHEAD on: its miss overlaps this one's work
+            sa = key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask
+            prefetch_row(scratch_pos, sa)
+            prefetch_row(scratch_keys, sa)
+            prefetch_row(scratch_tabs, sa)
         k = keys[i]
         t = tabs[i]
         s = key_hash(t, k) & mask
@@ -173,7 +181,18 @@ def find(keys, tabs, slot_rows, row_keys, row_tabs, tag_bits, rows_out, end_out)
     """
     n_slots = np.uint64(slot_rows.shape[0])
     row_mask = np.int32((1 << (31 - tag_bits)) - 1)
-    for i in nb.prange(keys.shape[0]):
+    n = keys.shape[0]
+    half = AHEAD // 2
+    for i in nb.prange(n):
+        # Two-stage prefetch: the home slot of the key AHEAD on, and the id and table of the
+        # row in the (by now cached) home slot of the key AHEAD/2 on.
+        if i + AHEAD < n:
+            prefetch_row(slot_rows, home_slot(key_hash(tabs[i + AHEAD], keys[i + AHEAD]), n_slots))
+        if i + half < n:
+            va = slot_rows[home_slot(key_hash(tabs[i + half], keys[i + half]), n_slots)]
+            if va != -1:
+                prefetch_row(row_keys, va & row_mask)
+                prefetch_row(row_tabs, va & row_mask)
         k = keys[i]
         t = tabs[i]
         h = key_hash(t, k)

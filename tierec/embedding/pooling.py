@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from tierec.embedding.prefetch import AHEAD, prefetch_row
+from tierec.embedding.prefetch import AHEAD, prefetch_at, prefetch_row
 
 
 @nb.njit(parallel=True, cache=True)
@@ -29,6 +29,10 @@ def pool_forward(weights, rows, inverse, offsets, bag_scale, batch, out):
     for k in nb.prange(n_bags):
         f = k // batch
         b = k - f * batch
+        if k + AHEAD < n_bags:  # the output slot of the bag AHEAD on (bags are feature-major,
+            ka = k + AHEAD  # so consecutive bags write B*F*D floats apart: a miss each)
+            fa = ka // batch
+            prefetch_at(out, ka - fa * batch, fa)
         for j in range(d):
             out[b, f, j] = 0.0
         for i in range(offsets[k], offsets[k + 1]):
@@ -61,6 +65,9 @@ def pool_backward(grad_out, inverse, offsets, bag_scale, batch, n_chunks, grad_r
         for k in range(n_bags):
             f = k // batch
             b = k - f * batch
+            if k + AHEAD < n_bags:  # the output gradient of the bag AHEAD on (a strided read)
+                fa = (k + AHEAD) // batch
+                prefetch_at(grad_out, k + AHEAD - fa * batch, fa)
             s = bag_scale[k]
             for i in range(offsets[k], offsets[k + 1]):
                 u = inverse[i]

@@ -28,6 +28,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
+def _emit_prefetch(builder, addr) -> None:
+    """``llvm.prefetch(addr, read, high locality, data cache)``."""
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    ptr = builder.inttoptr(addr, i8p)
+    builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 # How many ids ahead the gather loops announce a row: A/B on the engine step (26 x 1M rows,
 # dim 16, Zipf 1.1, one-hot, forward + row-wise Adagrad prefetched): 4 ahead 1.08x, 8 ahead
 # 1.13x, 16 ahead 1.13x on one thread; 16 ahead 1.09x on two (docs/performance.md).
@@ -50,12 +60,31 @@ def prefetch_row(typingctx, arr, row):
             r = builder.sext(r, stride.type) if signature.args[1].signed else builder.zext(r, stride.type)
         offset = builder.mul(r, stride)
         base = builder.ptrtoint(ary.data, stride.type)
-        i8p = ir.IntType(8).as_pointer()
-        ptr = builder.inttoptr(builder.add(base, offset), i8p)
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        _emit_prefetch(builder, builder.add(base, offset))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch_at(typingctx, arr, i, j):
+    """Prefetch the cache line of ``arr[i, j]`` (the first two axes of an array of 2+ dims)."""
+    if not isinstance(arr, types.Array) or arr.ndim < 2:
+        return None
+    if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+        return None
+    sig = types.void(arr, i, j)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        addr = builder.ptrtoint(ary.data, ir.IntType(64))
+        for axis, (value, ty) in enumerate(zip(args[1:], signature.args[1:])):
+            stride = builder.extract_value(ary.strides, axis)
+            if value.type.width < stride.type.width:
+                value = builder.sext(value, stride.type) if ty.signed else builder.zext(value, stride.type)
+            addr = builder.add(addr, builder.mul(value, stride))
+        _emit_prefetch(builder, addr)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -94,17 +94,18 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
 # optimizer pass, measured A/B on two hosts (docs/performance.md, benchmarks.fused_backward):
 # its serial counting sort that groups ids by row is a fixed cost, the zero-fill and second pass
 # it saves grow with the dim and shrink with wider vectors. AVX2 host: pays from dim 32 on several
-# threads (1.35x at 32, 1.62x at 64) and at every dim on one thread (1.27x at 16). AVX-512 host:
-# pays at dim 64 (1.75x on 2 threads, 1.07x on 1), loses at dim 32 on 2 threads (0.87x) and at
-# dim 16 on one thread (0.85x), where the two vectorised passes are fast.
+# threads (1.35x at 32, 1.62x at 64) and at every dim on one thread (1.27x at 16); measured
+# before the passes prefetched their rows. AVX-512 host, with prefetching: pays at dim 64 on 2
+# threads (1.81x), loses at dim 64 on one thread (0.90x), at dim 32 on 2 threads (0.80x) and at
+# dim 16 on one thread (0.71x), where the two prefetched, vectorised passes are fast.
 FUSED_MIN_DIM = 32  # without AVX-512
-FUSED_MIN_DIM_AVX512 = 64
+FUSED_MIN_DIM_AVX512 = 64  # with AVX-512, and only on several threads
 
 
 def fused_pays(dim: int, threads: int, avx512: bool) -> bool:
     """Whether the fused row-parallel pass is the faster one for this dim, thread count and host."""
     if avx512:
-        return dim >= FUSED_MIN_DIM_AVX512
+        return dim >= FUSED_MIN_DIM_AVX512 and threads > 1
     return dim >= FUSED_MIN_DIM or threads == 1
 
 

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> float:
         opt = OptimizerConfig(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=w.lr, eps=w.eps)
         c = EmbeddingCollection([TableConfig(name=n, dim=w.dim, features=[n], optimizer=opt) for n in names], names)
         for g in c.groups:
-            g.fused_reduce_update = (lambda: True) if fused else (lambda: False)
+            g.fused_reduce_update = (lambda *_: True) if fused else (lambda *_: False)
         return c
 
     systems = {"fused": build(True), "two-pass": build(False)}

@@ -44,6 +44,10 @@ class _GroupPlan:
     feature_table: np.ndarray  # [len(features)] int32, table index (within the group) per feature
     mean: np.ndarray  # [len(features)] bool, mean pooling per feature
 
+    @property
+    def features_own_rows(self) -> bool:  # one table per feature: no row is shared by two features
+        return len(set(self.feature_table.tolist())) == len(self.feature_table)
+
 
 class EmbeddingCollection(nn.Module):
     def __init__(
@@ -136,7 +140,10 @@ class EmbeddingCollection(nn.Module):
         ukeys, utabs, inverse = self._dedupe(keys, tabs)
         rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
         off = offsets.numpy()
-        layout = BagLayout(inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b)
+        layout = BagLayout(
+            inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b,
+            features_own_rows=plan.features_own_rows,
+        )  # fmt: skip
         train = self.training and torch.is_grad_enabled()
         return plan.group.pool(rows.numpy(), layout, train=train, anchor=self._anchor, fused=self.use_fused_kernels)
 

@@ -126,16 +126,17 @@ class TableGroup:
         self.step += 1
         apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
 
-    def fused_reduce_update(self) -> bool:
+    def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
         instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, where ``pooling.fused_pays``
-        for this dim, thread count and host. Subclasses whose ``update`` does more than the optimizer step
+        for this dim, thread count and host (``features_own_rows``: the batch's layout allows the
+        two-pass backward to split by feature). Subclasses whose ``update`` does more than the optimizer step
         say False."""
         return (
             type(self).update is TableGroup.update
             and self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
             and self.device.type == "cpu"
-            and fused_pays(self.dim, numba.get_num_threads(), self.avx512)
+            and fused_pays(self.dim, numba.get_num_threads(), self.avx512, features_own_rows)
         )
 
     def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:

@@ -16,12 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tierec.embedding.pooling import backward_chunks, pool_backward, pool_forward
+from tierec.embedding.pooling import (
+    backward_chunks,
+    feature_bounds,
+    pool_backward,
+    pool_backward_by_feature,
+    pool_forward,
+)
 
 if TYPE_CHECKING:
     from tierec.embedding.group import TableGroup
@@ -35,10 +42,23 @@ class BagLayout:
     offsets: np.ndarray  # [F_g * B + 1] int64, bag f*B+b owns inverse[offsets[k]:offsets[k+1]]
     scale: np.ndarray  # [F_g * B] float32, 1 for sum pooling, 1/len for mean
     batch: int
+    features_own_rows: bool = False  # no unique row is used by two features (one table per feature)
 
     @property
     def n_features(self) -> int:
         return (self.offsets.shape[0] - 1) // self.batch
+
+
+def pool_backward_auto(grad_out: np.ndarray, layout: BagLayout, grad_rows: np.ndarray) -> None:
+    """The backward onto unique rows, split between threads by feature where rows allow it
+    (``pool_backward_by_feature``), else by column (``pool_backward``); the same sums either way."""
+    threads = numba.get_num_threads()
+    if layout.features_own_rows and threads > 1 and layout.n_features > 1:
+        bounds = feature_bounds(layout.offsets, layout.batch, threads)
+        pool_backward_by_feature(grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, bounds, grad_rows)
+        return
+    n = backward_chunks(grad_rows.shape[1])
+    pool_backward(grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, n, grad_rows)
 
 
 class _Gather(torch.autograd.Function):
@@ -71,12 +91,11 @@ class _PoolFused(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
         group, rows, layout = ctx.args
         g = grad_out.contiguous().numpy()
-        if group.fused_reduce_update():  # one row-parallel pass, bitwise the same result
+        if group.fused_reduce_update(layout.features_own_rows):  # one row-parallel pass, bitwise the same result
             group.reduce_update(g, rows, layout)
             return None, None, None, None
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
-        n = backward_chunks(group.dim)
-        pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, n, grad_rows.numpy())
+        pool_backward_auto(g, layout, grad_rows.numpy())
         group.update(torch.from_numpy(rows), grad_rows)
         return None, None, None, None
 

@@ -75,6 +75,40 @@ def pool_backward(grad_out, inverse, offsets, bag_scale, batch, n_chunks, grad_r
                     grad_rows[u, j] += s * grad_out[b, f, j]
 
 
+@nb.njit(parallel=True, cache=True)
+def pool_backward_by_feature(grad_out, inverse, offsets, bag_scale, batch, bounds, grad_rows):
+    """``pool_backward`` split between threads by feature instead of by column.
+
+    Valid only when no unique row is used by two features (one table per feature in the
+    group): thread p reduces the bags of features bounds[p] .. bounds[p+1]-1 over all
+    columns, so every row is written by one thread only, in the same ascending-id order
+    as ``pool_backward`` (bitwise the same sums). At dim 16 a row is one cache line, which
+    the column split makes two threads write at once.
+    """
+    d = grad_rows.shape[1]
+    for p in nb.prange(bounds.shape[0] - 1):
+        for k in range(bounds[p] * batch, bounds[p + 1] * batch):
+            f = k // batch
+            b = k - f * batch
+            if k + AHEAD < bounds[p + 1] * batch:  # the output gradient of the bag AHEAD on
+                fa = (k + AHEAD) // batch
+                prefetch_at(grad_out, k + AHEAD - fa * batch, fa)
+            s = bag_scale[k]
+            for i in range(offsets[k], offsets[k + 1]):
+                u = inverse[i]
+                for j in range(d):
+                    grad_rows[u, j] += s * grad_out[b, f, j]
+
+
+def feature_bounds(offsets: np.ndarray, batch: int, parts: int) -> np.ndarray:
+    """[parts' + 1] feature boundaries splitting the ids about evenly (whole features per part)."""
+    n_features = (offsets.shape[0] - 1) // batch
+    ids_before = offsets[np.arange(n_features + 1) * batch]  # ids before each feature
+    targets = ids_before[-1] * np.arange(1, parts) / parts
+    cuts = np.searchsorted(ids_before, targets)
+    return np.unique(np.concatenate([[0], np.clip(cuts, 0, n_features), [n_features]])).astype(np.int64)
+
+
 def backward_chunks(dim: int) -> int:
     """How many column chunks (threads) the backward uses."""
     return max(1, min(nb.get_num_threads(), dim))
@@ -98,14 +132,20 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
 # before the passes prefetched their rows. AVX-512 host, with prefetching: pays at dim 64 on 2
 # threads (1.81x), loses at dim 64 on one thread (0.90x), at dim 32 on 2 threads (0.80x) and at
 # dim 16 on one thread (0.71x), where the two prefetched, vectorised passes are fast.
+# Against the two-pass path split by feature (``pool_backward_by_feature``, when every feature
+# has its own table) the fused pass loses on the AVX-512 host at dim 64 too (0.80x on 2 threads);
+# that comparison was not made on an AVX2 host.
 FUSED_MIN_DIM = 32  # without AVX-512
-FUSED_MIN_DIM_AVX512 = 64  # with AVX-512, and only on several threads
+FUSED_MIN_DIM_AVX512 = 64  # with AVX-512, only on several threads, and only against the column split
 
 
-def fused_pays(dim: int, threads: int, avx512: bool) -> bool:
-    """Whether the fused row-parallel pass is the faster one for this dim, thread count and host."""
+def fused_pays(dim: int, threads: int, avx512: bool, features_own_rows: bool = False) -> bool:
+    """Whether the fused row-parallel pass is the faster one for this dim, thread count and host.
+
+    ``features_own_rows``: the two-pass backward could split by feature (one table per feature).
+    """
     if avx512:
-        return dim >= FUSED_MIN_DIM_AVX512 and threads > 1
+        return dim >= FUSED_MIN_DIM_AVX512 and threads > 1 and not features_own_rows
     return dim >= FUSED_MIN_DIM or threads == 1
 
 

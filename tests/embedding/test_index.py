@@ -146,3 +146,17 @@ def test_insert_resumes_where_find_stopped_even_with_repeats() -> None:
             assert ref.setdefault((k, t), r) == r
     assert idx.slot_rows is slots and idx.num_rows == len(ref)
     assert sorted(ref.values()) == list(range(len(ref)))
+
+
+def test_dedupe_by_ranges_equals_one_pass() -> None:
+    # Ranges that share no (table, key) pair (one table per range) give exactly the one-pass
+    # result: same unique pairs in the same order, same inverse.
+    g = np.random.default_rng(4)
+    lengths = [3000, 1, 5000, 0, 2500]
+    keys = np.concatenate([g.integers(0, 700, size=n) for n in lengths]).astype(np.int64)
+    tabs = np.repeat(np.arange(len(lengths)), lengths).astype(np.int32)
+    ref = Deduper()(keys, tabs)
+    for cuts in ([0, 3001, 8001, 10501], [0, 3000, 3001, 8001, 8001, 10501], [0, 10501]):
+        got = Deduper()(keys, tabs, np.array(cuts))
+        for a, b in zip(got, ref):
+            np.testing.assert_array_equal(a, b)

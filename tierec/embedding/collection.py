@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from typing import Callable
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,7 @@ from tierec.config import Pooling
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.pool_ops import BagLayout
-from tierec.embedding.pooling import bag_scale
+from tierec.embedding.pooling import bag_scale, feature_bounds
 from tierec.embedding.table import TableConfig
 
 
@@ -137,9 +138,13 @@ class EmbeddingCollection(nn.Module):
         keys = values.numpy()
         tabs = np.repeat(plan.feature_table, lengths)  # [N]
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
-        ukeys, utabs, inverse = self._dedupe(keys, tabs)
-        rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
         off = offsets.numpy()
+        ranges = None  # features with tables of their own: each thread dedupes whole features
+        threads = numba.get_num_threads()
+        if plan.features_own_rows and threads > 1 and len(plan.features) > 1:
+            ranges = off[feature_bounds(off, b, threads) * b]
+        ukeys, utabs, inverse = self._dedupe(keys, tabs, ranges)
+        rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
         layout = BagLayout(
             inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b,
             features_own_rows=plan.features_own_rows,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from tierec.embedding.prefetch import AHEAD, prefetch_row
+from tierec.embedding.prefetch import AHEAD, prefetch_at, prefetch_row
 
 EMPTY = np.int32(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -81,6 +81,65 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
                 break
             s = (s + np.uint64(1)) & mask
     return u
+
+
+@nb.njit(parallel=True, cache=True)
+def dedupe_ranges(keys, tabs, bounds, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_tabs, inverse, counts):
+    """``dedupe`` of each id range bounds[p] .. bounds[p+1]-1 on its own thread.
+
+    Valid when no (table, key) pair occurs in two ranges (ranges of whole features, one
+    table per feature). Range p uses row p of scratch_* [P, S] (S a power of two > 2x the
+    longest range, scratch_pos filled with -1) and writes its unique pairs to
+    out_keys/out_tabs from position bounds[p] on, counts[p] of them, and inverse as
+    numbers within the range; ``dedupe_ranges_join`` makes one numbering of them.
+    """
+    mask = np.uint64(scratch_pos.shape[1] - 1)
+    for p in nb.prange(bounds.shape[0] - 1):
+        lo = bounds[p]
+        hi = bounds[p + 1]
+        u = 0
+        for i in range(lo, hi):
+            if i + AHEAD < hi:
+                sa = key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask
+                prefetch_at(scratch_pos, p, sa)
+                prefetch_at(scratch_keys, p, sa)
+            k = keys[i]
+            t = tabs[i]
+            s = key_hash(t, k) & mask
+            while True:
+                q = scratch_pos[p, s]
+                if q == -1:
+                    scratch_pos[p, s] = u
+                    scratch_keys[p, s] = k
+                    scratch_tabs[p, s] = t
+                    out_keys[lo + u] = k
+                    out_tabs[lo + u] = t
+                    inverse[i] = u
+                    u += 1
+                    break
+                if scratch_keys[p, s] == k and scratch_tabs[p, s] == t:
+                    inverse[i] = q
+                    break
+                s = (s + np.uint64(1)) & mask
+        counts[p] = u
+
+
+@nb.njit(parallel=True, cache=True)
+def dedupe_ranges_join(bounds, counts, out_keys, out_tabs, inverse):
+    """Number the ranges' unique pairs one after another, in range order (the order a single
+    ``dedupe`` of all ids gives when no pair spans two ranges); returns the number of pairs."""
+    n_parts = bounds.shape[0] - 1
+    base = np.zeros(n_parts + 1, dtype=np.int64)
+    for p in range(n_parts):
+        base[p + 1] = base[p] + counts[p]
+    for p in nb.prange(n_parts):
+        for i in range(bounds[p], bounds[p + 1]):
+            inverse[i] += base[p]
+    for p in range(1, n_parts):  # compact: move range p's pairs down to base[p] (never overlaps forward)
+        for u in range(counts[p]):
+            out_keys[base[p] + u] = out_keys[bounds[p] + u]
+            out_tabs[base[p] + u] = out_tabs[bounds[p] + u]
+    return base[n_parts]
 
 
 @nb.njit(cache=True)

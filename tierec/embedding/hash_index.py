@@ -53,6 +53,14 @@ def _slots_for(rows: int, load: float) -> int:
     return n
 
 
+def _grown(a: np.ndarray, used: int, cap: int) -> np.ndarray:
+    """A fresh ``[cap]`` array holding ``a[:used]``; the rest is left untouched (``np.resize``
+    would fill it by repeating ``a``, faulting in every new page at once)."""
+    out = np.empty(cap, dtype=a.dtype)
+    out[:used] = a[:used]
+    return out
+
+
 def table_dtype(n_tables: int) -> np.dtype:
     """Narrowest signed integer holding table numbers 0 .. n_tables - 1."""
     if n_tables <= np.iinfo(np.int8).max + 1:
@@ -83,8 +91,8 @@ class HashIndex:
         grown = False
         if rows > self.row_capacity:
             cap = max(rows, int(self.row_capacity * 1.25) + 16)
-            self.row_keys = np.resize(self.row_keys, cap)
-            self.row_tabs = np.resize(self.row_tabs, cap)
+            self.row_keys = _grown(self.row_keys, self.num_rows, cap)
+            self.row_tabs = _grown(self.row_tabs, self.num_rows, cap)
             grown = True
         tag_bits = TAG_BITS if rows <= TAGGED_ROWS else 0
         if rows > MAX_LOAD * self.slot_rows.shape[0] or tag_bits != self.tag_bits:

@@ -19,10 +19,9 @@ import os
 import sys
 
 if "torch" not in sys.modules:
-    if os.environ.get("OMP_WAIT_POLICY", "").lower() == "default":
-        del os.environ["OMP_WAIT_POLICY"]  # OpenMP's own default, as for a user who sets nothing
-    else:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from tierec.cli import apply_omp_wait_policy  # imports no torch
+
+    apply_omp_wait_policy(os.environ)  # the CLI's rule: unset -> PASSIVE, "default" -> removed
     OMP_WAIT_POLICY_APPLIED = True
 else:  # imported from a process that already started OpenMP: its policy stands
     OMP_WAIT_POLICY_APPLIED = "OMP_WAIT_POLICY" in os.environ

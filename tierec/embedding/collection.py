@@ -44,10 +44,7 @@ class _GroupPlan:
     features: tuple[int, ...]  # positions of this group's features in the batch's keys
     feature_table: np.ndarray  # [len(features)] int32, table index (within the group) per feature
     mean: np.ndarray  # [len(features)] bool, mean pooling per feature
-
-    @property
-    def features_own_rows(self) -> bool:  # one table per feature: no row is shared by two features
-        return len(set(self.feature_table.tolist())) == len(self.feature_table)
+    features_own_rows: bool  # one table per feature: no row is shared by two features
 
 
 class EmbeddingCollection(nn.Module):
@@ -99,6 +96,7 @@ class EmbeddingCollection(nn.Module):
             features=tuple(feats[i] for i in order),
             feature_table=np.array([ftab[i] for i in order], dtype=np.int32),
             mean=np.array([mean[i] for i in order], dtype=bool),
+            features_own_rows=len(set(ftab)) == len(ftab),
         )
 
     @property
@@ -139,16 +137,16 @@ class EmbeddingCollection(nn.Module):
         tabs = np.repeat(plan.feature_table, lengths)  # [N]
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
         off = offsets.numpy()
-        ranges = None  # features with tables of their own: each thread dedupes whole features
+        # Features with tables of their own: threads split the dedupe and the backward by whole features.
+        split = None
         threads = numba.get_num_threads()
         if plan.features_own_rows and threads > 1 and len(plan.features) > 1:
-            ranges = off[feature_bounds(off, b, threads) * b]
-        ukeys, utabs, inverse = self._dedupe(keys, tabs, ranges)
+            split = feature_bounds(off, b, threads)
+        ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
         rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
         layout = BagLayout(
-            inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b,
-            features_own_rows=plan.features_own_rows,
-        )  # fmt: skip
+            inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b, feature_split=split
+        )
         train = self.training and torch.is_grad_enabled()
         return plan.group.pool(rows.numpy(), layout, train=train, anchor=self._anchor, fused=self.use_fused_kernels)
 

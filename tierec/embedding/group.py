@@ -129,8 +129,8 @@ class TableGroup:
     def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
         instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, where ``pooling.fused_pays``
-        for this dim, thread count and host (``features_own_rows``: the batch's layout allows the
-        two-pass backward to split by feature). Subclasses whose ``update`` does more than the optimizer step
+        for this dim, thread count and host (``features_own_rows``: the batch's layout splits the
+        two-pass backward by feature). Subclasses whose ``update`` does more than the optimizer step
         say False."""
         return (
             type(self).update is TableGroup.update

@@ -73,7 +73,6 @@ def table_dtype(n_tables: int) -> np.dtype:
 class HashIndex:
     def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15) -> None:
         self.num_rows = 0
-        self.n_tables = n_tables
         self.row_keys = np.zeros(initial_rows, dtype=np.int64)  # [R] id of each row
         self.row_tabs = np.zeros(initial_rows, dtype=table_dtype(n_tables))  # [R] table of each row
         self.tag_bits = TAG_BITS if initial_rows <= TAGGED_ROWS else 0

@@ -16,19 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tierec.embedding.pooling import (
-    backward_chunks,
-    feature_bounds,
-    pool_backward,
-    pool_backward_by_feature,
-    pool_forward,
-)
+from tierec.embedding.pooling import backward_chunks, pool_backward, pool_backward_by_feature, pool_forward
 
 if TYPE_CHECKING:
     from tierec.embedding.group import TableGroup
@@ -42,7 +35,9 @@ class BagLayout:
     offsets: np.ndarray  # [F_g * B + 1] int64, bag f*B+b owns inverse[offsets[k]:offsets[k+1]]
     scale: np.ndarray  # [F_g * B] float32, 1 for sum pooling, 1/len for mean
     batch: int
-    features_own_rows: bool = False  # no unique row is used by two features (one table per feature)
+    # [P+1] feature boundaries of a by-feature split between threads (pooling.feature_bounds), or
+    # None: only when no unique row is used by two features (one table per feature)
+    feature_split: np.ndarray | None = None
 
     @property
     def n_features(self) -> int:
@@ -50,12 +45,12 @@ class BagLayout:
 
 
 def pool_backward_auto(grad_out: np.ndarray, layout: BagLayout, grad_rows: np.ndarray) -> None:
-    """The backward onto unique rows, split between threads by feature where rows allow it
-    (``pool_backward_by_feature``), else by column (``pool_backward``); the same sums either way."""
-    threads = numba.get_num_threads()
-    if layout.features_own_rows and threads > 1 and layout.n_features > 1:
-        bounds = feature_bounds(layout.offsets, layout.batch, threads)
-        pool_backward_by_feature(grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, bounds, grad_rows)
+    """The backward onto unique rows, split between threads by feature where the layout has a
+    split (``pool_backward_by_feature``), else by column (``pool_backward``); the same sums either way."""
+    if layout.feature_split is not None:
+        pool_backward_by_feature(
+            grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, layout.feature_split, grad_rows
+        )
         return
     n = backward_chunks(grad_rows.shape[1])
     pool_backward(grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, n, grad_rows)
@@ -91,7 +86,7 @@ class _PoolFused(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # grad_out [B, F_g, D]
         group, rows, layout = ctx.args
         g = grad_out.contiguous().numpy()
-        if group.fused_reduce_update(layout.features_own_rows):  # one row-parallel pass, bitwise the same result
+        if group.fused_reduce_update(layout.feature_split is not None):  # one row-parallel pass, bitwise the same result
             group.reduce_update(g, rows, layout)
             return None, None, None, None
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]

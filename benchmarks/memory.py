@@ -59,6 +59,7 @@ def run_memory(w: Workload, systems: list[str]) -> dict:
         grown = rss_bytes() - before
         resident = s.resident_rows()
         nbytes = s.nbytes()
+        in_ram = s.resident_bytes() if hasattr(s, "resident_bytes") else nbytes
         rows.append(
             {
                 "system": name,
@@ -69,6 +70,9 @@ def run_memory(w: Workload, systems: list[str]) -> dict:
                 "bytes_per_resident_row": nbytes / resident,
                 "rss_per_resident_row": grown / resident,
                 "ratio_to_raw": nbytes / resident / raw,
+                "in_ram_bytes": in_ram,
+                "in_ram_per_resident_row": in_ram / resident,
+                "in_ram_ratio_to_raw": in_ram / resident / raw,
                 "bytes_per_touched_row": nbytes / touched,
             }
         )
@@ -81,13 +85,15 @@ def run_memory(w: Workload, systems: list[str]) -> dict:
 
 def _tierec_breakdown(coll, resident: int) -> dict[str, float]:
     """Bytes per resident row: used weights+state, capacity slack, index."""
-    out = {"weights_state_used": 0.0, "capacity_slack": 0.0, "index": 0.0}
+    out = {"weights_state_used": 0.0, "capacity_slack": 0.0, "index": 0.0, "capacity_slack_in_ram": 0.0, "index_in_ram": 0.0}
     for g in coll.groups:
         per = g.bytes_per_row()
         cap = g.weights.shape[0]
         out["weights_state_used"] += g.num_rows * per / resident
         out["capacity_slack"] += (cap - g.num_rows) * per / resident
         out["index"] += g.index.nbytes() / resident
+        out["index_in_ram"] += g.index.resident_nbytes() / resident
+        out["capacity_slack_in_ram"] += (g.resident_nbytes() - g.index.resident_nbytes() - g.num_rows * per) / resident
     return out
 
 
@@ -100,22 +106,37 @@ def memory_markdown(res: dict) -> str:
     table = []
     for r in res["rows"]:
         if r["status"] != "ok":
-            table.append([r["system"], "missing", "-", "-", "-", "-", r["error"]])
+            table.append([r["system"], "missing", "-", "-", "-", "-", "-", "-", r["error"]])
             continue
         note = ""
         if "breakdown_per_row" in r:
             b = r["breakdown_per_row"]
-            note = f"used {b['weights_state_used']:.1f} + slack {b['capacity_slack']:.1f} + index {b['index']:.1f} B"
+            note = (
+                f"allocated: used {b['weights_state_used']:.1f} + slack {b['capacity_slack']:.1f} + index {b['index']:.1f} B; "
+                f"in RAM: slack {b['capacity_slack_in_ram']:.1f} + index {b['index_in_ram']:.1f} B"
+            )
         table.append(
             [
                 r["system"],
                 f"{r['resident_rows']:,}",
                 r["bytes_per_resident_row"],
                 r["ratio_to_raw"],
+                r["in_ram_per_resident_row"],
+                r["in_ram_ratio_to_raw"],
                 r["rss_per_resident_row"],
                 r["bytes_per_touched_row"],
                 note,
             ]
         )
-    hdr = ["system", "resident rows", "B/resident row", "x raw", "RSS B/resident row", "B/touched row", "tierec breakdown"]
+    hdr = [
+        "system",
+        "resident rows",
+        "B/resident row (allocated)",
+        "x raw",
+        "B/resident row (in RAM)",
+        "x raw (in RAM)",
+        "RSS B/resident row",
+        "B/touched row",
+        "tierec breakdown",
+    ]
     return f"**{title}**\n\n" + markdown_table(hdr, table)

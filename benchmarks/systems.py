@@ -54,6 +54,13 @@ class Missing:
     status: str = "missing"
 
 
+def resident_of(tensors: list[Tensor]) -> int:
+    """Bytes of these CPU tensors' pages that are in physical memory (mincore)."""
+    from tierec.embedding.arena import resident_bytes
+
+    return sum(resident_bytes(t.detach().numpy()) for t in tensors)
+
+
 def import_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
@@ -117,6 +124,9 @@ class TierecEngine:
     def nbytes(self) -> int:  # weights + optimizer state + index, as allocated
         return self.coll.nbytes()
 
+    def resident_bytes(self) -> int:  # the same, pages in physical memory only
+        return self.coll.resident_nbytes()
+
 
 class TierecColdEngine(TierecEngine):
     name = "tierec-cold"
@@ -166,6 +176,10 @@ class TorchEngine:
 
     def nbytes(self) -> int:  # weights + Adagrad's dense [rows, dim] state
         return 2 * self.w.tables * self.w.rows * self.w.dim * 4
+
+    def resident_bytes(self) -> int:
+        tensors = [b.weight for b in self.bags] + [s for st in self.opt.state.values() for s in st.values() if s.dim()]
+        return resident_of(tensors)
 
 
 def per_table_inputs(w: Workload, b: EngineBatch) -> list[tuple[Tensor, Tensor]]:
@@ -230,6 +244,9 @@ class FbgemmEngine:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.tbe.weights_host, self.tbe.momentum1_host))
 
+    def resident_bytes(self) -> int:
+        return resident_of([self.tbe.weights_host, self.tbe.momentum1_host])
+
 
 # -------------------------------------------------------------------- torchrec
 
@@ -287,6 +304,10 @@ class TorchrecEngine:
     def nbytes(self) -> int:
         tbe = self.ebc._emb_modules[0]._emb_module
         return sum(t.numel() * t.element_size() for t in (tbe.weights_host, tbe.momentum1_host))
+
+    def resident_bytes(self) -> int:
+        tbe = self.ebc._emb_modules[0]._emb_module
+        return resident_of([tbe.weights_host, tbe.momentum1_host])
 
 
 # ----------------------------------------------------------------------- floor

@@ -169,6 +169,10 @@ class EmbeddingCollection(nn.Module):
     def nbytes(self) -> int:
         return sum(g.nbytes() for g in self.groups)
 
+    def resident_nbytes(self) -> int:
+        """Like :meth:`nbytes`, counting only pages in physical memory (spare capacity is not)."""
+        return sum(g.resident_nbytes() for g in self.groups)
+
     # ----------------------------------------------------------------- state
 
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]

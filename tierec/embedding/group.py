@@ -22,8 +22,9 @@ from torch import Tensor
 
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
+from tierec.embedding.arena import Arena, arena_supported, resident_bytes
 from tierec.embedding.hash_index import HashIndex
-from tierec.embedding.optimizers import apply_update, initial_state_value, new_state
+from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
 from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
 from tierec.embedding.table import TableConfig
@@ -45,6 +46,7 @@ class TableGroup:
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
         self._owned: dict[str, np.ndarray] | None = None  # CPU: the arrays behind weights/state once grown
+        self._arenas: dict[str, Arena] = {}  # ... and the mappings that hold them (Linux)
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
 
     @property
@@ -69,21 +71,35 @@ class TableGroup:
         self.state = fresh
 
     def _grow_in_place(self, cap: int, old: int) -> None:
-        """CPU: grow weights and state with an in-place resize (realloc) instead of a fresh block and a copy.
+        """CPU: grow weights and state without a fresh block and a copy, and without touching the new tail.
 
-        A large block is moved by remapping its pages (glibc realloc uses mremap), so only
-        the new rows' pages are touched; a fresh block faults in every page again, which
-        is what growth cost on these VMs (page faults, not bandwidth). The tensors are
-        views of arrays this group owns and are replaced here; callers read
-        ``self.weights`` / ``self.state`` afresh at every use, never across a growth.
+        Each array lives in an :class:`~tierec.embedding.arena.Arena` (an anonymous mapping
+        grown with mremap): the rows kept move by remapping their pages, and the spare
+        capacity is not faulted in until rows are inserted there, so it costs address
+        space, not memory. ``ndarray.resize`` (the fallback off Linux) zero-fills the tail
+        at once, which faults in every new page. New rows get their values and optimizer
+        state in :meth:`_init_rows`, so the tail needs no fill. The tensors are views
+        this group owns and are replaced here; callers read ``self.weights`` /
+        ``self.state`` afresh at every use, never across a growth.
         """
-        if self._owned is None:  # first growth: own numpy arrays behind the tensors
-            self._owned = {"weights": self.weights.numpy().copy(), **{n: t.numpy().copy() for n, t in self.state.items()}}
+        if self._owned is None:  # first growth: own the memory behind the tensors
+            self._owned = {"weights": self.weights, **self.state}
+            self._arenas = {}
+            for name, t in self._owned.items():
+                if arena_supported():
+                    self._arenas[name] = Arena(t.numel() * 4)
+                    arr = self._arenas[name].array(np.float32, tuple(t.shape))
+                    arr[...] = t.numpy()
+                    self._owned[name] = arr
+                else:
+                    self._owned[name] = t.numpy().copy()
         for name, arr in self._owned.items():
-            arr.resize((cap, *arr.shape[1:]), refcheck=False)  # keeps rows [0, old); zero-fills the rest
-            value = 0.0 if name == "weights" else initial_state_value(self.optimizer, name)
-            if value != 0.0:
-                arr[old:] = value
+            shape = (cap, *arr.shape[1:])
+            if name in self._arenas:
+                self._arenas[name].grow(int(np.prod(shape)) * 4)
+                self._owned[name] = self._arenas[name].array(np.float32, shape)
+            else:
+                arr.resize(shape, refcheck=False)  # keeps rows [0, old); zero-fills the rest
         self.weights = torch.from_numpy(self._owned["weights"])
         self.state = {n: torch.from_numpy(self._owned[n]) for n in self.state}
 
@@ -164,6 +180,15 @@ class TableGroup:
     def nbytes(self) -> int:  # bytes allocated: weights, optimizer state, index
         total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
         return total + self.index.nbytes()
+
+    def resident_nbytes(self) -> int:
+        """Bytes of weights, optimizer state and index in physical memory (pages written so far;
+        spare capacity that no row has reached yet is not). Equals :meth:`nbytes` off Linux
+        and on other devices."""
+        if self.device.type != "cpu":
+            return self.nbytes()
+        arrays = [self.weights.numpy(), *(t.numpy() for t in self.state.values())]
+        return sum(resident_bytes(a) for a in arrays) + self.index.resident_nbytes()
 
     # ------------------------------------------------------------ state
 

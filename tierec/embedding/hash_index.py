@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierec.embedding import kernels
+from tierec.embedding.arena import resident_bytes
 
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.5  # ... into one this full
@@ -84,6 +85,9 @@ class HashIndex:
 
     def nbytes(self) -> int:  # bytes
         return self.row_keys.nbytes + self.row_tabs.nbytes + self.slot_rows.nbytes
+
+    def resident_nbytes(self) -> int:  # bytes in physical memory (row arrays grow without touching their tail)
+        return sum(resident_bytes(a) for a in (self.row_keys, self.row_tabs, self.slot_rows))
 
     def reserve(self, rows: int) -> bool:
         """Make room for ``rows`` rows in total; True when row arrays were reallocated."""

@@ -60,10 +60,11 @@ def test_fused_reduce_update_equals_the_two_pass_path(dim: int, shared: bool) ->
 
 
 def test_fused_pays_rule() -> None:
-    # The measured rule (docs/performance.md): without AVX-512 from dim 32, or on one thread;
-    # with AVX-512 from dim 64 on several threads only.
+    # The measured rule (docs/performance.md): several threads, the column-split backward, and
+    # from dim 32 without AVX-512, from dim 64 with it.
     assert fused_pays(FUSED_MIN_DIM, 2, avx512=False) and not fused_pays(FUSED_MIN_DIM - 1, 2, avx512=False)
-    assert fused_pays(16, 1, avx512=False)
+    assert not fused_pays(16, 1, avx512=False) and not fused_pays(64, 1, avx512=False)
+    assert not fused_pays(64, 2, avx512=False, features_own_rows=True)
     assert fused_pays(FUSED_MIN_DIM_AVX512, 2, avx512=True) and not fused_pays(FUSED_MIN_DIM_AVX512, 1, avx512=True)
     assert not fused_pays(FUSED_MIN_DIM_AVX512 - 1, 2, avx512=True) and not fused_pays(16, 1, avx512=True)
     assert not fused_pays(FUSED_MIN_DIM_AVX512, 2, avx512=True, features_own_rows=True)

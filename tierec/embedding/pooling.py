@@ -125,18 +125,17 @@ def bag_scale(offsets: np.ndarray, mean_per_feature: np.ndarray, batch: int) -> 
 
 
 # Where the row-parallel reduce + update (``reduce_update_rowwise``) beats pool_backward + the
-# optimizer pass, measured A/B on two hosts (docs/performance.md, benchmarks.fused_backward):
+# optimizer pass, measured A/B in one process (docs/performance.md, benchmarks.fused_backward):
 # its serial counting sort that groups ids by row is a fixed cost, the zero-fill and second pass
-# it saves grow with the dim and shrink with wider vectors. AVX2 host: pays from dim 32 on several
-# threads (1.35x at 32, 1.62x at 64) and at every dim on one thread (1.27x at 16); measured
-# before the passes prefetched their rows. AVX-512 host, with prefetching: pays at dim 64 on 2
-# threads (1.81x), loses at dim 64 on one thread (0.90x), at dim 32 on 2 threads (0.80x) and at
-# dim 16 on one thread (0.71x), where the two prefetched, vectorised passes are fast.
-# Against the two-pass path split by feature (``pool_backward_by_feature``, when every feature
-# has its own table) the fused pass loses on the AVX-512 host at dim 64 too (0.80x on 2 threads);
-# that comparison was not made on an AVX2 host.
+# it saves grow with the dim and shrink with wider vectors. Since both passes prefetch their rows
+# it pays on one host type as on the other only on several threads, against the two-pass backward
+# split by column (tables shared by features), from a minimum dim: AVX2 (Zen 3, 2026-11-24) 1.27x
+# at dim 32 and 1.81x at 64, 0.91x at 16; AVX-512 1.81x at 64, 0.80x at 32. It loses on one
+# thread (AVX2: 0.74x at dim 16, 1.04x at 64; AVX-512: 0.71x at 16, 0.90x at 64) and against the
+# split by feature (``pool_backward_by_feature``, every feature with its own table) at every dim
+# (AVX2 2 threads: 0.70x at 16, 0.65x at 32, 0.87x at 64; AVX-512 0.80x at 64).
 FUSED_MIN_DIM = 32  # without AVX-512
-FUSED_MIN_DIM_AVX512 = 64  # with AVX-512, only on several threads, and only against the column split
+FUSED_MIN_DIM_AVX512 = 64  # with AVX-512
 
 
 def fused_pays(dim: int, threads: int, avx512: bool, features_own_rows: bool = False) -> bool:
@@ -144,9 +143,7 @@ def fused_pays(dim: int, threads: int, avx512: bool, features_own_rows: bool = F
 
     ``features_own_rows``: the two-pass backward could split by feature (one table per feature).
     """
-    if avx512:
-        return dim >= FUSED_MIN_DIM_AVX512 and threads > 1 and not features_own_rows
-    return dim >= FUSED_MIN_DIM or threads == 1
+    return threads > 1 and not features_own_rows and dim >= (FUSED_MIN_DIM_AVX512 if avx512 else FUSED_MIN_DIM)
 
 
 def host_has_avx512() -> bool:

@@ -94,7 +94,7 @@ def run_engine(w: Workload, systems: list[str], repeats: int, mem_budget: int = 
                 row["warm_pass_s"] = s.warm_seconds
                 row["resident_rows"] = s.resident_rows()
             rows.append(row)
-        del built, ready
+        del built, ready, s  # s: the loop variable still holds the group's last system (GBs of tables)
         gc.collect()
     order = {n: i for i, n in enumerate(systems)}
     rows.sort(key=lambda r: order.get(r["system"], 99))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import tierec.embedding.group as group_mod
+import tierec.embedding.arena as arena_mod
 from tierec.config import OptimizerConfig, OptimizerKind
 from tierec.embedding.arena import PAGE, Arena, arena_supported, resident_bytes
 from tierec.embedding.group import TableGroup
@@ -53,14 +53,14 @@ def test_view_past_the_end_is_refused():
 
 @pytest.mark.parametrize("kind", [OptimizerKind.ROWWISE_ADAGRAD, OptimizerKind.ADAGRAD, OptimizerKind.ADAM])
 def test_group_grown_in_arenas_trains_like_resize(monkeypatch, kind):
-    """Same inserts, lookups and updates: bitwise the same rows and optimizer state."""
+    """Same inserts, lookups and updates: bitwise the same rows, optimizer state and index."""
     opt = OptimizerConfig(kind=kind, lr=0.05, initial_accumulator=0.1)
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 50_000, size=3000) for _ in range(6)]  # grows past the initial 1024 rows
     grads = [torch.from_numpy(rng.standard_normal((3000, 8)).astype(np.float32)) for _ in batches]
 
     def train(use_arena: bool) -> tuple[dict, TableGroup]:
-        monkeypatch.setattr(group_mod, "arena_supported", lambda: use_arena)
+        monkeypatch.setattr(arena_mod, "arena_supported", lambda: use_arena and arena_supported())
         g = TableGroup([TableConfig(name="t", dim=8, features=["f"], optimizer=opt)], seed=3)
         for keys, grad in zip(batches, grads):
             u, first = np.unique(keys, return_index=True)
@@ -75,7 +75,8 @@ def test_group_grown_in_arenas_trains_like_resize(monkeypatch, kind):
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=0, atol=0)
     if arena_supported():
-        assert g_arena._arenas  # the arena path really ran
+        assert g_arena._owned["weights"]._arena is not None and g_arena.index._keys._arena is not None  # really ran
+        assert g_resize._owned["weights"]._arena is None and g_resize.index._keys._arena is None
         assert g_arena.resident_nbytes() <= g_arena.nbytes()
 
 

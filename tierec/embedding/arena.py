@@ -158,3 +158,40 @@ def resident_bytes(a: np.ndarray) -> int:
         return int(a.nbytes)
     resident = np.frombuffer(vec, dtype=np.uint8) & 1
     return int(resident.sum()) * PAGE
+
+
+class GrowableArray:
+    """An array of ``[capacity, *row_shape]`` whose capacity grows in an :class:`Arena`.
+
+    :meth:`grow` returns the new, larger array holding the first ``used`` rows of the old
+    one (rows past them hold anything); nothing past them is touched. Off Linux it falls back to a fresh array and a
+    copy of those rows. Earlier arrays must not be used after a growth.
+
+    >>> g = GrowableArray(np.arange(4, dtype=np.int64))
+    >>> a = g.grow(1000, used=3)
+    >>> a.shape, a[:3].tolist()
+    ((1000,), [0, 1, 2])
+    """
+
+    def __init__(self, initial: np.ndarray) -> None:
+        self.dtype = initial.dtype
+        self.row_shape = initial.shape[1:]
+        self._row_bytes = self.dtype.itemsize * int(np.prod(self.row_shape))
+        self._arena = Arena(max(initial.nbytes, 1)) if arena_supported() else None
+        self.array = self._view(initial.shape[0]) if self._arena is not None else np.empty_like(initial)
+        self.array[...] = initial
+
+    def _view(self, rows: int) -> np.ndarray:
+        return self._arena.array(self.dtype, (rows, *self.row_shape))
+
+    def grow(self, capacity: int, used: int) -> np.ndarray:
+        if capacity <= self.array.shape[0]:
+            return self.array
+        if self._arena is not None:
+            self._arena.grow(capacity * self._row_bytes)
+            self.array = self._view(capacity)
+        else:
+            fresh = np.empty((capacity, *self.row_shape), dtype=self.dtype)
+            fresh[:used] = self.array[:used]
+            self.array = fresh
+        return self.array

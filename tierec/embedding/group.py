@@ -22,7 +22,7 @@ from torch import Tensor
 
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
-from tierec.embedding.arena import Arena, arena_supported, resident_bytes
+from tierec.embedding.arena import GrowableArray, resident_bytes
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
@@ -45,8 +45,7 @@ class TableGroup:
         self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
-        self._owned: dict[str, np.ndarray] | None = None  # CPU: the arrays behind weights/state once grown
-        self._arenas: dict[str, Arena] = {}  # ... and the mappings that hold them (Linux)
+        self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
 
     @property
@@ -73,35 +72,21 @@ class TableGroup:
     def _grow_in_place(self, cap: int, old: int) -> None:
         """CPU: grow weights and state without a fresh block and a copy, and without touching the new tail.
 
-        Each array lives in an :class:`~tierec.embedding.arena.Arena` (an anonymous mapping
-        grown with mremap): the rows kept move by remapping their pages, and the spare
-        capacity is not faulted in until rows are inserted there, so it costs address
-        space, not memory. ``ndarray.resize`` (the fallback off Linux) zero-fills the tail
-        at once, which faults in every new page. New rows get their values and optimizer
-        state in :meth:`_init_rows`, so the tail needs no fill. The tensors are views
-        this group owns and are replaced here; callers read ``self.weights`` /
-        ``self.state`` afresh at every use, never across a growth.
+        Each array is a :class:`~tierec.embedding.arena.GrowableArray` (an anonymous
+        mapping grown with mremap): the rows kept move by remapping their pages, and the
+        spare capacity is not faulted in until rows are inserted there, so it costs
+        address space, not memory (``ndarray.resize`` zero-filled the tail at once,
+        faulting in every new page). New rows get their values and optimizer state in
+        :meth:`_init_rows`, so the tail needs no fill. The tensors are views this group
+        owns and are replaced here; callers read ``self.weights`` / ``self.state``
+        afresh at every use, never across a growth.
         """
         if self._owned is None:  # first growth: own the memory behind the tensors
-            self._owned = {"weights": self.weights, **self.state}
-            self._arenas = {}
-            for name, t in self._owned.items():
-                if arena_supported():
-                    self._arenas[name] = Arena(t.numel() * 4)
-                    arr = self._arenas[name].array(np.float32, tuple(t.shape))
-                    arr[...] = t.numpy()
-                    self._owned[name] = arr
-                else:
-                    self._owned[name] = t.numpy().copy()
-        for name, arr in self._owned.items():
-            shape = (cap, *arr.shape[1:])
-            if name in self._arenas:
-                self._arenas[name].grow(int(np.prod(shape)) * 4)
-                self._owned[name] = self._arenas[name].array(np.float32, shape)
-            else:
-                arr.resize(shape, refcheck=False)  # keeps rows [0, old); zero-fills the rest
-        self.weights = torch.from_numpy(self._owned["weights"])
-        self.state = {n: torch.from_numpy(self._owned[n]) for n in self.state}
+            self._owned = {"weights": GrowableArray(self.weights.numpy())}
+            self._owned.update({n: GrowableArray(t.numpy()) for n, t in self.state.items()})
+        arrays = {name: g.grow(cap, old) for name, g in self._owned.items()}
+        self.weights = torch.from_numpy(arrays["weights"])
+        self.state = {n: torch.from_numpy(arrays[n]) for n in self.state}
 
     def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
         """Rows [U] int64 of unique (table, key) pairs; new ones are inserted and initialised.

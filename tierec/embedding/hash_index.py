@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierec.embedding import kernels
-from tierec.embedding.arena import resident_bytes
+from tierec.embedding.arena import GrowableArray, resident_bytes
 
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.5  # ... into one this full
@@ -54,14 +54,6 @@ def _slots_for(rows: int, load: float) -> int:
     return n
 
 
-def _grown(a: np.ndarray, used: int, cap: int) -> np.ndarray:
-    """A fresh ``[cap]`` array holding ``a[:used]``; the rest is left untouched (``np.resize``
-    would fill it by repeating ``a``, faulting in every new page at once)."""
-    out = np.empty(cap, dtype=a.dtype)
-    out[:used] = a[:used]
-    return out
-
-
 def table_dtype(n_tables: int) -> np.dtype:
     """Narrowest signed integer holding table numbers 0 .. n_tables - 1."""
     if n_tables <= np.iinfo(np.int8).max + 1:
@@ -74,8 +66,11 @@ def table_dtype(n_tables: int) -> np.dtype:
 class HashIndex:
     def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15) -> None:
         self.num_rows = 0
-        self.row_keys = np.zeros(initial_rows, dtype=np.int64)  # [R] id of each row
-        self.row_tabs = np.zeros(initial_rows, dtype=table_dtype(n_tables))  # [R] table of each row
+        # Row arrays grow without copying or touching their spare capacity (arena.GrowableArray).
+        self._keys = GrowableArray(np.zeros(initial_rows, dtype=np.int64))
+        self._tabs = GrowableArray(np.zeros(initial_rows, dtype=table_dtype(n_tables)))
+        self.row_keys = self._keys.array  # [R] id of each row
+        self.row_tabs = self._tabs.array  # [R] table of each row
         self.tag_bits = TAG_BITS if initial_rows <= TAGGED_ROWS else 0
         self.slot_rows = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S] tag | row, -1 empty
 
@@ -94,8 +89,8 @@ class HashIndex:
         grown = False
         if rows > self.row_capacity:
             cap = max(rows, int(self.row_capacity * 1.25) + 16)
-            self.row_keys = _grown(self.row_keys, self.num_rows, cap)
-            self.row_tabs = _grown(self.row_tabs, self.num_rows, cap)
+            self.row_keys = self._keys.grow(cap, self.num_rows)
+            self.row_tabs = self._tabs.grow(cap, self.num_rows)
             grown = True
         tag_bits = TAG_BITS if rows <= TAGGED_ROWS else 0
         if rows > MAX_LOAD * self.slot_rows.shape[0] or tag_bits != self.tag_bits:

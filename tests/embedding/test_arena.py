@@ -7,7 +7,7 @@ import torch
 
 import tierec.embedding.arena as arena_mod
 from tierec.config import OptimizerConfig, OptimizerKind
-from tierec.embedding.arena import PAGE, Arena, arena_supported, resident_bytes
+from tierec.embedding.arena import PAGE, Arena, GrowableArray, arena_supported, resident_bytes
 from tierec.embedding.group import TableGroup
 from tierec.embedding.table import TableConfig
 
@@ -88,3 +88,50 @@ def test_rows_inserted_into_grown_capacity_start_from_the_initial_state():
         rows = g.lookup(keys, np.zeros(keys.size, dtype=np.int32), insert=True)
         assert torch.equal(g.state["sum"][rows], torch.full((keys.size, 4), 0.25))
         assert g.weights[rows].abs().max() <= 0.5 and g.weights[rows].abs().sum() > 0
+
+
+def test_a_deep_copy_trains_on_its_own_and_survives_growth():
+    """copy.deepcopy of a grown collection: training the copy through more growth gives what
+    training the original gives, and leaves the original untouched."""
+    import copy
+
+    from tierec.batch import SparseFeatures
+    from tierec.embedding import EmbeddingCollection
+
+    rng = np.random.default_rng(1)
+    names = ["a", "b"]
+    coll = EmbeddingCollection([TableConfig(name=n, dim=4, features=[n]) for n in names], names)
+
+    def batch(hi: int) -> SparseFeatures:
+        return SparseFeatures.one_hot(tuple(names), torch.from_numpy(rng.integers(0, hi, size=(4000, 2))))
+
+    for _ in range(2):
+        coll(batch(3000)).sum().backward()  # grown past the initial capacity
+    twin = copy.deepcopy(coll)
+    before = {k: v.clone() for k, v in coll.state_dict().items()}
+    later = [batch(60_000) for _ in range(3)]  # many new ids: both grow again
+    for b in later:
+        twin(b).square().sum().backward()
+    after_copy = coll.state_dict()
+    for k in before:
+        assert torch.equal(before[k], after_copy[k]), k  # the original did not move
+    for b in later:
+        coll(b).square().sum().backward()
+    got, want = twin.state_dict(), coll.state_dict()
+    assert set(got) == set(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_copies_of_growable_arrays_own_their_memory():
+    import copy
+    import pickle
+
+    g = GrowableArray(np.arange(10, dtype=np.int64))
+    for twin in (copy.deepcopy(g), pickle.loads(pickle.dumps(g))):
+        twin.array[:] = -1
+        assert g.array.tolist() == list(range(10))
+        assert twin.grow(5000, used=10)[:10].tolist() == [-1] * 10
+    if arena_supported():
+        with pytest.raises(TypeError, match="cannot be copied"):
+            copy.deepcopy(Arena(PAGE))

@@ -115,6 +115,9 @@ class Arena:
         self._map = _Mapping(addr, size)
         weakref.finalize(self, _unmap, self._map)
 
+    def __reduce__(self):
+        raise TypeError("an Arena cannot be copied or pickled (two owners would unmap one mapping); copy its arrays")
+
     @property
     def address(self) -> int:
         return self._map.addr
@@ -180,6 +183,9 @@ class GrowableArray:
         self._arena = Arena(max(initial.nbytes, 1)) if arena_supported() else None
         self.array = self._view(initial.shape[0]) if self._arena is not None else np.empty_like(initial)
         self.array[...] = initial
+
+    def __reduce__(self):  # a copy (deepcopy, pickle) is a new GrowableArray holding a copy of the rows
+        return (GrowableArray, (np.array(self.array),))
 
     def _view(self, rows: int) -> np.ndarray:
         return self._arena.array(self.dtype, (rows, *self.row_shape))

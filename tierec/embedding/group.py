@@ -52,6 +52,13 @@ class TableGroup:
     def num_rows(self) -> int:
         return self.index.num_rows
 
+    def __getstate__(self) -> dict:
+        # A copy (copy.deepcopy, pickle) gets the weights and state as plain tensors; the
+        # growable arrays behind them are rebuilt from those at its first growth. Copied
+        # separately, the arrays would hold the rows as of the copy while training the
+        # copy changes the tensors, and a growth would bring the old values back.
+        return {**self.__dict__, "_owned": None}
+
     # ------------------------------------------------------------------ rows
 
     def _grow_storage(self) -> None:

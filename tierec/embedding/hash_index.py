@@ -74,6 +74,14 @@ class HashIndex:
         self.tag_bits = TAG_BITS if initial_rows <= TAGGED_ROWS else 0
         self.slot_rows = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S] tag | row, -1 empty
 
+    def __getstate__(self) -> dict:  # copies hold plain row arrays; see __setstate__
+        return {k: v for k, v in self.__dict__.items() if k not in ("_keys", "_tabs")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._keys, self._tabs = GrowableArray(self.row_keys), GrowableArray(self.row_tabs)
+        self.row_keys, self.row_tabs = self._keys.array, self._tabs.array
+
     @property
     def row_capacity(self) -> int:
         return self.row_keys.shape[0]

@@ -34,8 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tierec.embedding.pool_ops import BagLayout
-from tierec.embedding.pooling import backward_chunks, pool_backward
+from tierec.embedding.pool_ops import BagLayout, pool_backward_auto
 
 if TYPE_CHECKING:
     from tierec.prune.group import ChunkView, PrunedGroup
@@ -62,7 +61,7 @@ class _PoolChunked(torch.autograd.Function):
         group, rows, layout, view = ctx.args
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
-        pool_backward(g, layout.inverse, layout.offsets, layout.scale, layout.batch, backward_chunks(group.dim), grad_rows.numpy())
+        pool_backward_auto(g, layout, grad_rows.numpy())  # split by feature where the layout allows
         group.update(torch.from_numpy(rows), grad_rows, view)
         return None, None, None, None
 

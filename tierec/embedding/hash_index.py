@@ -148,12 +148,8 @@ class Deduper:
     """Per-batch deduplication of (table, id) pairs; reuses its scratch space across calls."""
 
     def __init__(self) -> None:
-        self._ranged_shape = (0, 0)
-        self._rkeys = self._rtabs = self._rpos = np.empty((0, 0), dtype=np.int32)
-        self._size = 0
-        self._keys = np.empty(0, dtype=np.int64)
-        self._tabs = np.empty(0, dtype=np.int32)
-        self._pos = np.empty(0, dtype=np.int32)
+        self._rpos = np.empty((0, 0), dtype=np.int32)  # [P, S] scratch of the split dedupe
+        self._pos = np.empty(0, dtype=np.int32)  # [S] scratch of the one-pass dedupe
 
     def __call__(
         self, keys: np.ndarray, tabs: np.ndarray, ranges: np.ndarray | None = None
@@ -168,25 +164,19 @@ class Deduper:
         if ranges is not None and ranges.shape[0] > 2:
             return self._by_ranges(keys, tabs, ranges)
         size = _next_pow2(2 * n + 1)
-        if size != self._size:
-            self._size = size
-            self._keys = np.empty(size, dtype=np.int64)
-            self._tabs = np.empty(size, dtype=np.int32)
+        if size != self._pos.shape[0]:
             self._pos = np.empty(size, dtype=np.int32)
         self._pos.fill(-1)
         out_keys = np.empty(n, dtype=np.int64)
         out_tabs = np.empty(n, dtype=np.int32)
         inverse = np.empty(n, dtype=np.int64)
-        u = kernels.dedupe(keys, tabs, self._keys, self._tabs, self._pos, out_keys, out_tabs, inverse)
+        u = kernels.dedupe(keys, tabs, self._pos, out_keys, out_tabs, inverse)
         return out_keys[:u], out_tabs[:u], inverse
 
     def _by_ranges(self, keys: np.ndarray, tabs: np.ndarray, ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = ranges.shape[0] - 1
         size = _next_pow2(2 * int(np.diff(ranges).max()) + 1)
-        if self._ranged_shape != (parts, size):
-            self._ranged_shape = (parts, size)
-            self._rkeys = np.empty((parts, size), dtype=np.int64)
-            self._rtabs = np.empty((parts, size), dtype=np.int32)
+        if self._rpos.shape != (parts, size):
             self._rpos = np.empty((parts, size), dtype=np.int32)
         self._rpos.fill(-1)
         n = keys.shape[0]
@@ -195,6 +185,6 @@ class Deduper:
         inverse = np.empty(n, dtype=np.int64)
         counts = np.zeros(parts, dtype=np.int64)
         bounds = ranges.astype(np.int64, copy=False)
-        kernels.dedupe_ranges(keys, tabs, bounds, self._rkeys, self._rtabs, self._rpos, out_keys, out_tabs, inverse, counts)
+        kernels.dedupe_ranges(keys, tabs, bounds, self._rpos, out_keys, out_tabs, inverse, counts)
         u = kernels.dedupe_ranges_join(bounds, counts, out_keys, out_tabs, inverse)
         return out_keys[:u], out_tabs[:u], inverse

@@ -46,22 +46,21 @@ def slot_tag(h: np.uint64, tag_bits: np.int64) -> np.int32:
 
 
 @nb.njit(cache=True)
-def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_tabs, inverse):
+def dedupe(keys, tabs, scratch_pos, out_keys, out_tabs, inverse):
     """Unique (table, key) pairs in first-seen order, and each input's position among them.
 
-    keys [N] int64, tabs [N] int32; scratch_* have a power-of-two size >= 2N and
-    scratch_pos must be filled with -1. Returns the number of unique pairs U;
-    out_keys[:U], out_tabs[:U] hold them and inverse [N] maps input -> unique.
+    keys [N] int64, tabs [N] int32; scratch_pos has a power-of-two size >= 2N and must
+    be filled with -1. Returns the number of unique pairs U; out_keys[:U], out_tabs[:U]
+    hold them and inverse [N] maps input -> unique. A scratch slot holds only the pair's
+    number; its key and table are read back from out_keys / out_tabs, which are smaller
+    than a scratch table of keys and so more often in cache.
     """
     mask = np.uint64(scratch_pos.shape[0] - 1)
     u = 0
     n = keys.shape[0]
     for i in range(n):
         if i + AHEAD < n:  # the scratch slot of the key AHEAD on: its miss overlaps this one's work
-            sa = key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask
-            prefetch_row(scratch_pos, sa)
-            prefetch_row(scratch_keys, sa)
-            prefetch_row(scratch_tabs, sa)
+            prefetch_row(scratch_pos, key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask)
         k = keys[i]
         t = tabs[i]
         s = key_hash(t, k) & mask
@@ -69,14 +68,12 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
             p = scratch_pos[s]
             if p == -1:
                 scratch_pos[s] = u
-                scratch_keys[s] = k
-                scratch_tabs[s] = t
                 out_keys[u] = k
                 out_tabs[u] = t
                 inverse[i] = u
                 u += 1
                 break
-            if scratch_keys[s] == k and scratch_tabs[s] == t:
+            if out_keys[p] == k and out_tabs[p] == t:
                 inverse[i] = p
                 break
             s = (s + np.uint64(1)) & mask
@@ -84,12 +81,12 @@ def dedupe(keys, tabs, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_ta
 
 
 @nb.njit(parallel=True, cache=True)
-def dedupe_ranges(keys, tabs, bounds, scratch_keys, scratch_tabs, scratch_pos, out_keys, out_tabs, inverse, counts):
+def dedupe_ranges(keys, tabs, bounds, scratch_pos, out_keys, out_tabs, inverse, counts):
     """``dedupe`` of each id range bounds[p] .. bounds[p+1]-1 on its own thread.
 
     Valid when no (table, key) pair occurs in two ranges (ranges of whole features, one
-    table per feature). Range p uses row p of scratch_* [P, S] (S a power of two > 2x the
-    longest range, scratch_pos filled with -1) and writes its unique pairs to
+    table per feature). Range p uses row p of scratch_pos [P, S] (S a power of two > 2x the
+    longest range, filled with -1) and writes its unique pairs to
     out_keys/out_tabs from position bounds[p] on, counts[p] of them, and inverse as
     numbers within the range; ``dedupe_ranges_join`` makes one numbering of them.
     """
@@ -100,9 +97,7 @@ def dedupe_ranges(keys, tabs, bounds, scratch_keys, scratch_tabs, scratch_pos, o
         u = 0
         for i in range(lo, hi):
             if i + AHEAD < hi:
-                sa = key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask
-                prefetch_at(scratch_pos, p, sa)
-                prefetch_at(scratch_keys, p, sa)
+                prefetch_at(scratch_pos, p, key_hash(tabs[i + AHEAD], keys[i + AHEAD]) & mask)
             k = keys[i]
             t = tabs[i]
             s = key_hash(t, k) & mask
@@ -110,14 +105,12 @@ def dedupe_ranges(keys, tabs, bounds, scratch_keys, scratch_tabs, scratch_pos, o
                 q = scratch_pos[p, s]
                 if q == -1:
                     scratch_pos[p, s] = u
-                    scratch_keys[p, s] = k
-                    scratch_tabs[p, s] = t
                     out_keys[lo + u] = k
                     out_tabs[lo + u] = t
                     inverse[i] = u
                     u += 1
                     break
-                if scratch_keys[p, s] == k and scratch_tabs[p, s] == t:
+                if out_keys[lo + q] == k and out_tabs[lo + q] == t:
                     inverse[i] = q
                     break
                 s = (s + np.uint64(1)) & mask

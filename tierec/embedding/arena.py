@@ -44,7 +44,12 @@ PAGE = mmap.PAGESIZE
 def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
-    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        for name in ("mmap", "mremap", "munmap", "mincore"):
+            getattr(lib, name)
+    except (OSError, AttributeError):  # no loadable libc, or one without mremap: fall back
+        return None
     lib.mmap.restype = ctypes.c_void_p
     lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     lib.mremap.restype = ctypes.c_void_p

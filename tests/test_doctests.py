@@ -1,4 +1,4 @@
-"""The runnable examples in the data layer's docstrings."""
+"""The runnable examples in module docstrings: every listed module has some, and they pass."""
 
 from __future__ import annotations
 
@@ -7,14 +7,20 @@ import importlib
 
 import pytest
 
-MODULES = [
+DATA = [
     "tierec.data", "tierec.data.blocks", "tierec.data.columns", "tierec.data.errors", "tierec.data.hashing",
     "tierec.data.kernels", "tierec.data.loader", "tierec.data.parquet", "tierec.data.planted", "tierec.data.schema",
     "tierec.data.shards", "tierec.data.source", "tierec.data.synth_kernels", "tierec.data.synthetic", "tierec.data.text",
 ]  # fmt: skip
+EMBEDDING = ["tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
+STORE = [
+    "tierec.store", "tierec.store.sizes", "tierec.store.spec", "tierec.store.directory", "tierec.store.host",
+    "tierec.store.disk", "tierec.store.hotness", "tierec.store.group", "tierec.store.plan", "tierec.store.pipeline",
+    "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers",
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

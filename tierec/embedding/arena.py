@@ -94,12 +94,12 @@ def _unmap(m: _Mapping) -> None:
 
 
 class _View:
-    """Exposes ``[offset, offset + nbytes)`` of an arena to numpy and keeps the arena alive."""
+    """Exposes the start of an arena to numpy as one array and keeps the arena alive."""
 
-    def __init__(self, arena: Arena, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> None:
+    def __init__(self, arena: Arena, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.arena = arena
         self.__array_interface__ = {
-            "data": (arena.address + offset, False),
+            "data": (arena.address, False),
             "shape": shape,
             "typestr": dtype.str,
             "version": 3,
@@ -141,12 +141,13 @@ class Arena:
             raise _oserror("mremap", size)
         self._map.addr, self._map.size = addr, size
 
-    def array(self, dtype: np.dtype | type, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+    def array(self, dtype: np.dtype | type, shape: tuple[int, ...]) -> np.ndarray:
+        """A ``shape`` array of ``dtype`` over the start of the mapping."""
         dt = np.dtype(dtype)
-        end = offset + dt.itemsize * int(np.prod(shape))
+        end = dt.itemsize * int(np.prod(shape))
         if end > self._map.size:
-            raise ValueError(f"a {shape} {dt} view at {offset} needs {end:,} bytes, the arena has {self._map.size:,}")
-        return np.asarray(_View(self, dt, tuple(shape), offset))
+            raise ValueError(f"a {shape} {dt} view needs {end:,} bytes, the arena has {self._map.size:,}")
+        return np.asarray(_View(self, dt, tuple(shape)))
 
 
 def resident_bytes(a: np.ndarray) -> int:
@@ -172,8 +173,9 @@ class GrowableArray:
     """An array of ``[capacity, *row_shape]`` whose capacity grows in an :class:`Arena`.
 
     :meth:`grow` returns the new, larger array holding the first ``used`` rows of the old
-    one (rows past them hold anything); nothing past them is touched. Off Linux it falls back to a fresh array and a
-    copy of those rows. Earlier arrays must not be used after a growth.
+    one (rows past them hold anything); nothing past them is touched. Off Linux it falls
+    back to a fresh array and a copy of those rows. Earlier arrays must not be used after
+    a growth.
 
     >>> g = GrowableArray(np.arange(4, dtype=np.int64))
     >>> a = g.grow(1000, used=3)

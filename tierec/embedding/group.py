@@ -175,9 +175,9 @@ class TableGroup:
 
     def resident_nbytes(self) -> int:
         """Bytes of weights, optimizer state and index in physical memory (pages written so far;
-        spare capacity that no row has reached yet is not). Equals :meth:`nbytes` off Linux
-        and on other devices."""
-        if self.device.type != "cpu":
+        spare capacity that no row has reached yet is not). Equals :meth:`nbytes` off Linux,
+        on other devices, and for stores with their own layout (pruned, tiered)."""
+        if self.device.type != "cpu" or type(self).nbytes is not TableGroup.nbytes:
             return self.nbytes()
         arrays = [self.weights.numpy(), *(t.numpy() for t in self.state.values())]
         return sum(resident_bytes(a) for a in arrays) + self.index.resident_nbytes()

@@ -90,6 +90,25 @@ def test_frequency_importance_ignores_the_gradient() -> None:
     assert abs(live[tabs == 0].mean() - live[tabs == 1].mean()) < 0.5  # both features alike
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_importance_counts_accesses_not_batches(fused: bool) -> None:
+    # FIITED's access frequency: an id used by three samples of a batch is three accesses
+    cfg = PruneConfig(enabled=True, chunk=CHUNK, importance="frequency")
+    coll, grad = _coll(cfg), _coll(PruneConfig(enabled=True, chunk=CHUNK))  # grad: gradient importance
+    ids = torch.tensor([[5, 1], [5, 1], [5, 2], [6, 2]])  # per batch: hot 5 x3, 6 x1; weak 1 x2, 2 x2
+    for c in (coll, grad):
+        c.use_fused_kernels = fused
+        for _ in range(2):
+            c(SparseFeatures.one_hot(("hot", "weak"), ids)).sum().backward()
+    g = _group(coll)
+    rows = g.index.lookup(np.array([5, 6, 1, 2], dtype=np.int64), np.array([0, 0, 1, 1], dtype=np.int8), insert=False).rows
+    imp = g.chunks.importance[g.cmap[rows]]  # [4 rows, D / c chunks]
+    np.testing.assert_array_equal(imp, np.repeat([[6.0], [2.0], [4.0], [4.0]], DIM // CHUNK, axis=1))
+    gg = _group(grad)  # with gradient importance, the shrinkage's count of accesses
+    rows = gg.index.lookup(np.array([5, 6], dtype=np.int64), np.array([0, 0], dtype=np.int8), insert=False).rows
+    np.testing.assert_array_equal(gg.count[rows], [6.0, 2.0])
+
+
 def test_freed_chunks_are_reused_before_the_pool_grows() -> None:
     cfg = PruneConfig(enabled=True, chunk=CHUNK)
     coll = _coll(cfg)

@@ -256,18 +256,22 @@ class PrunedGroup(TableGroup):
         kernels.row_segments(self.cmap, rows, start, length)
         return start, length
 
-    def update(self, rows: Tensor, grad: Tensor, view: ChunkView | None = None) -> None:
+    def update(self, rows: Tensor, grad: Tensor, view: ChunkView | None = None, hits: np.ndarray | None = None) -> None:
         """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance.
 
         ``view``: the rows' :meth:`view` from the forward, when the caller has it (tiered:
         the same fast-tier slots; they stay resident until the next lookup of the store).
+        ``hits`` [U] float32: how many times the batch accessed each row (default once each);
+        the access frequency the importance and the shrinkage's count are made of.
         """
         self.step += 1
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
         v = view if view is not None else self.view(r)
+        hits = np.ones(r.shape[0], dtype=np.float32) if hits is None else np.ascontiguousarray(hits, dtype=np.float32)
         if self.shrinkage:
-            self.count[r[r >= 0]] += np.float32(1.0)  # the rows of a batch are unique
+            known = r >= 0
+            self.count[r[known]] += hits[known]  # the rows of a batch are unique
         pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
         if self.tiered:  # the kernels index importance by slot and per-row data by local row
             imp = self._slot_importance(pw.shape[0])
@@ -278,15 +282,15 @@ class PrunedGroup(TableGroup):
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
         kind, k = cfg.kind, self.kernels
         if kind is OptimizerKind.SGD:
-            k.sgd(pw, cm, kr, st, ln, g, lr, wd, imp, nxt, by)
+            k.sgd(pw, cm, kr, st, ln, g, lr, wd, imp, nxt, by, hits)
         elif kind is OptimizerKind.ADAGRAD:
-            k.adagrad(pw, v.arrays["sum"], cm, kr, st, ln, g, lr, eps, wd, imp, nxt, by)
+            k.adagrad(pw, v.arrays["sum"], cm, kr, st, ln, g, lr, eps, wd, imp, nxt, by, hits)
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by)
+            k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by, hits)
         elif kind is OptimizerKind.ADAM:
             step_size = np.float32(_adam_step_size(cfg, self.step))
             b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
-            k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by)
+            k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by, hits)
         else:  # pragma: no cover - enum is closed
             raise ValueError(kind)
         if self.tiered:

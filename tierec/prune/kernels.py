@@ -30,9 +30,9 @@ from tierec.embedding.kernels import key_hash
 
 
 @nb.njit(inline="always", cache=True)
-def _score(g, i, base, c, by_grad):
+def _score(g, i, base, c, by_grad, hits):
     if not by_grad:
-        return np.float32(1.0)
+        return hits[i]
     acc = np.float32(0.0)
     for j in range(c):
         x = g[i, base + j]
@@ -41,14 +41,14 @@ def _score(g, i, base, c, by_grad):
 
 
 @nb.njit(inline="always", cache=True)
-def _importance(g, i, r, ln, st, cmap, c, n_pos, imp, next_imp, by_grad):
+def _importance(g, i, r, ln, st, cmap, c, n_pos, imp, next_imp, by_grad, hits):
     """Adds each live chunk's score to its importance and the first pruned one's to next_imp."""
     live = ln if ln > 0 else -ln
     for q in range(live):
         p = st + q if ln > 0 else cmap[r, q]
-        imp[p] += _score(g, i, q * c, c, by_grad)
+        imp[p] += _score(g, i, q * c, c, by_grad, hits)
     if live < n_pos:
-        next_imp[r] += _score(g, i, live * c, c, by_grad)
+        next_imp[r] += _score(g, i, live * c, c, by_grad, hits)
     return live
 
 
@@ -145,12 +145,12 @@ def _build(CHUNK: int) -> HotKernels:
                 for j in range(d):
                     out[b, f, j] *= s
 
-    def sgd(pw, cmap, rows, start, length, g, lr, wd, imp, next_imp, by_grad):
+    def sgd(pw, cmap, rows, start, length, g, lr, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 w = flat[start[i] * c : (start[i] + live) * c]
                 for j in range(w.shape[0]):
@@ -161,13 +161,13 @@ def _build(CHUNK: int) -> HotKernels:
                     for j in range(c):
                         pw[p, j] -= lr * (g[i, q * c + j] + wd * pw[p, j])
 
-    def adagrad(pw, s, cmap, rows, start, length, g, lr, eps, wd, imp, next_imp, by_grad):
+    def adagrad(pw, s, cmap, rows, start, length, g, lr, eps, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         sflat = s.reshape(s.shape[0] * s.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 lo, hi = start[i] * c, (start[i] + live) * c
                 w, ss = flat[lo:hi], sflat[lo:hi]
@@ -183,13 +183,13 @@ def _build(CHUNK: int) -> HotKernels:
                         s[p, j] += gj * gj
                         pw[p, j] -= lr * gj / (np.sqrt(s[p, j]) + eps)
 
-    def rowwise_adagrad(pw, s_row, cmap, rows, start, length, g, lr, eps, wd, d, imp, next_imp, by_grad):
+    def rowwise_adagrad(pw, s_row, cmap, rows, start, length, g, lr, eps, wd, d, imp, next_imp, by_grad, hits):
         """``s_row`` [R] stays with the row; the mean square is over all ``d`` dims (pruned ones add 0)."""
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             acc = np.float32(0.0)
             if ln > 0:
                 w = flat[start[i] * c : (start[i] + live) * c]
@@ -214,14 +214,14 @@ def _build(CHUNK: int) -> HotKernels:
                     for j in range(c):
                         pw[p, j] -= scale * (g[i, q * c + j] + wd * pw[p, j])
 
-    def adam(pw, m, v, cmap, rows, start, length, g, step_size, b1, b2, eps, wd, imp, next_imp, by_grad):
+    def adam(pw, m, v, cmap, rows, start, length, g, step_size, b1, b2, eps, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         mflat = m.reshape(m.shape[0] * m.shape[1])
         vflat = v.reshape(v.shape[0] * v.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 lo, hi = start[i] * c, (start[i] + live) * c
                 w, mm, vv = flat[lo:hi], mflat[lo:hi], vflat[lo:hi]

@@ -62,22 +62,27 @@ class _PoolChunked(torch.autograd.Function):
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
         pool_backward_auto(g, layout, grad_rows.numpy())  # split by feature where the layout allows
-        group.update(torch.from_numpy(rows), grad_rows, view)
+        group.update(torch.from_numpy(rows), grad_rows, view, hits=accesses(layout, rows.shape[0]))
         return None, None, None, None
 
 
 class _GatherChunked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: Tensor) -> Tensor:
-        ctx.group = group
+    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: Tensor, hits: np.ndarray) -> Tensor:
+        ctx.group, ctx.hits = group, hits
         ctx.save_for_backward(rows)
         return group.gather(rows.numpy())
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # [U, D], summed over duplicates
         (rows,) = ctx.saved_tensors
-        ctx.group.update(rows, grad)
-        return None, None, None
+        ctx.group.update(rows, grad, hits=ctx.hits)
+        return None, None, None, None
+
+
+def accesses(layout: BagLayout, n_rows: int) -> np.ndarray:
+    """[U] float32: how many of the batch's ids each unique row serves (its accesses this step)."""
+    return np.bincount(layout.inverse, minlength=n_rows).astype(np.float32)
 
 
 def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
@@ -89,7 +94,7 @@ def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train:
 
 def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
     r = torch.from_numpy(rows)
-    emb = _GatherChunked.apply(anchor, group, r) if train else group.gather(rows)  # [U, D]
+    emb = _GatherChunked.apply(anchor, group, r, accesses(layout, rows.shape[0])) if train else group.gather(rows)  # [U, D]
     weights = None
     if bool((layout.scale != 1.0).any()):
         lengths = torch.from_numpy(np.diff(layout.offsets))

@@ -7,8 +7,9 @@ every loop stops at the first -1 and the dims past it read as zeros.
 The per-element arithmetic of every optimizer is written exactly as in
 tierec/embedding/optimizers.py, in the same order and types, so an unpruned
 PrunedGroup computes bit-identical weights to a TableGroup. The update kernels
-also accumulate each chunk's importance: ``||g_chunk||`` (or 1 per access for
-the frequency baseline) into the live chunk, and into ``next_imp[r]`` for the
+also accumulate each chunk's importance: ``||g_chunk||`` of the row's batch
+gradient (or, for the frequency baseline, ``hits[i]``, the row's accesses in the
+batch) into the live chunk, and into ``next_imp[r]`` for the
 first pruned position (its claim to grow back).
 
 >>> import numpy as np

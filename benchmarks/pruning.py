@@ -56,7 +56,7 @@ DATASETS = {
     # 8,000 train rows, 2,000 test rows (the file's last); small batches, so there are steps to prune at
     "criteo": [f"data.source={CRITEO}", "data.test_rows=2000", "train.batch_size=64", "prune.every=10"],
 }
-RATIOS = (2, 4, 8, 16, 32, 64, 256)  # uniform dims stop at 16x (dim 1)
+RATIOS = (2, 4, 8, 16, 32, 64, 128, 256, 512)  # uniform dims stop at 16x (dim 1)
 METHODS = ("prune", "frequency", "uniform")  # the default set; also the VARIANTS below
 # Variants of a pruning method: extra config overrides on top of it.
 VARIANTS = {

@@ -256,34 +256,23 @@ class PrunedGroup(TableGroup):
         kernels.row_segments(self.cmap, rows, start, length)
         return start, length
 
-    def update(
-        self,
-        rows: Tensor,
-        grad: Tensor,
-        view: ChunkView | None = None,
-        hits: np.ndarray | None = None,
-        score: np.ndarray | None = None,
-    ) -> None:
+    def update(self, rows: Tensor, grad: Tensor, view: ChunkView | None = None, hits: np.ndarray | None = None) -> None:
         """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance.
 
         ``view``: the rows' :meth:`view` from the forward, when the caller has it (tiered:
         the same fast-tier slots; they stay resident until the next lookup of the store).
-        ``hits`` [U]: how many times the batch accessed each row (default once each), the
-        access frequency the shrinkage's count is made of. ``score`` [U, K]: what each chunk
-        position of each row adds to its importance (:meth:`batch_scores`); by default
-        computed from ``grad`` and ``hits`` as if each row had one access.
+        ``hits`` [U] float32: how many times the batch accessed each row (default once each);
+        the access frequency the importance and the shrinkage's count are made of.
         """
         self.step += 1
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
         v = view if view is not None else self.view(r)
         hits = np.ones(r.shape[0], dtype=np.float32) if hits is None else np.ascontiguousarray(hits, dtype=np.float32)
-        if score is None:
-            score = self._reduced_scores(g, hits)
         if self.shrinkage:
             known = r >= 0
             self.count[r[known]] += hits[known]  # the rows of a batch are unique
-        pw, cm, kr, st, ln = v.arrays["weights"], v.cmap, v.rows, v.start, v.length
+        pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
         if self.tiered:  # the kernels index importance by slot and per-row data by local row
             imp = self._slot_importance(pw.shape[0])
             nxt = self.next_imp[r].copy()
@@ -293,15 +282,15 @@ class PrunedGroup(TableGroup):
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
         kind, k = cfg.kind, self.kernels
         if kind is OptimizerKind.SGD:
-            k.sgd(pw, cm, kr, st, ln, g, lr, wd, imp, nxt, score)
+            k.sgd(pw, cm, kr, st, ln, g, lr, wd, imp, nxt, by, hits)
         elif kind is OptimizerKind.ADAGRAD:
-            k.adagrad(pw, v.arrays["sum"], cm, kr, st, ln, g, lr, eps, wd, imp, nxt, score)
+            k.adagrad(pw, v.arrays["sum"], cm, kr, st, ln, g, lr, eps, wd, imp, nxt, by, hits)
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, score)
+            k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by, hits)
         elif kind is OptimizerKind.ADAM:
             step_size = np.float32(_adam_step_size(cfg, self.step))
             b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
-            k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, score)
+            k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by, hits)
         else:  # pragma: no cover - enum is closed
             raise ValueError(kind)
         if self.tiered:
@@ -310,25 +299,6 @@ class PrunedGroup(TableGroup):
             self.next_imp[r] = nxt
             for n, s in row_state.items():
                 self.row_state[n][torch.from_numpy(r)] = s
-
-    def batch_scores(self, grad_out: np.ndarray, layout: BagLayout, hits: np.ndarray) -> np.ndarray:
-        """[U, K] float32: what each chunk position of the batch's unique rows adds to its importance.
-
-        ``gradient``: the chunk's gradient norm summed over the row's accesses, each taken
-        from the pooled output's gradient ``grad_out`` [B, F_g, D] before the accesses are
-        summed (kernels.access_scores), so that opposite gradients of one row's samples do
-        not cancel; ``frequency``: the row's number of accesses ``hits`` [U].
-        """
-        if not self.by_grad:
-            return np.repeat(hits[:, None], self.n_pos, axis=1)
-        out = np.zeros((hits.shape[0], self.n_pos), dtype=np.float32)
-        kernels.access_scores(grad_out, layout.inverse, layout.offsets, layout.scale, layout.batch, self.chunk, out)
-        return out
-
-    def _reduced_scores(self, g: np.ndarray, hits: np.ndarray) -> np.ndarray:  # [U, K] from the summed gradient
-        if not self.by_grad:
-            return np.repeat(hits[:, None], self.n_pos, axis=1)
-        return np.linalg.norm(g.reshape(g.shape[0], self.n_pos, self.chunk), axis=2).astype(np.float32)
 
     def _slot_importance(self, n_slots: int) -> np.ndarray:
         """Zeroed scratch [n_slots] the tiered update accumulates importance into, by fast-tier slot."""

@@ -7,9 +7,9 @@ every loop stops at the first -1 and the dims past it read as zeros.
 The per-element arithmetic of every optimizer is written exactly as in
 tierec/embedding/optimizers.py, in the same order and types, so an unpruned
 PrunedGroup computes bit-identical weights to a TableGroup. The update kernels
-also accumulate each chunk's importance, ``score[i, q]`` (the chunk's gradient
-norms summed over the row's accesses in the batch, see ``access_scores``; for the
-frequency baseline, the row's number of accesses) into the live chunk, and into ``next_imp[r]`` for the
+also accumulate each chunk's importance: ``||g_chunk||`` of the row's batch
+gradient (or, for the frequency baseline, ``hits[i]``, the row's accesses in the
+batch) into the live chunk, and into ``next_imp[r]`` for the
 first pruned position (its claim to grow back).
 
 >>> import numpy as np
@@ -31,45 +31,26 @@ from tierec.embedding.kernels import key_hash
 
 
 @nb.njit(inline="always", cache=True)
-def _importance(i, r, ln, st, cmap, n_pos, imp, next_imp, score):
-    """Adds score[i, q] to the importance of each live chunk q and score[i, live] to next_imp."""
+def _score(g, i, base, c, by_grad, hits):
+    if not by_grad:
+        return hits[i]
+    acc = np.float32(0.0)
+    for j in range(c):
+        x = g[i, base + j]
+        acc += x * x
+    return np.float32(np.sqrt(acc))
+
+
+@nb.njit(inline="always", cache=True)
+def _importance(g, i, r, ln, st, cmap, c, n_pos, imp, next_imp, by_grad, hits):
+    """Adds each live chunk's score to its importance and the first pruned one's to next_imp."""
     live = ln if ln > 0 else -ln
     for q in range(live):
         p = st + q if ln > 0 else cmap[r, q]
-        imp[p] += score[i, q]
+        imp[p] += _score(g, i, q * c, c, by_grad, hits)
     if live < n_pos:
-        next_imp[r] += score[i, live]
+        next_imp[r] += _score(g, i, live * c, c, by_grad, hits)
     return live
-
-
-@nb.njit(parallel=True, cache=True)
-def access_scores(grad_out, inverse, offsets, bag_scale, batch, c, out):
-    """out[u, q] += sum over the accesses of unique row u of ||d loss / d (chunk q of that access)||.
-
-    grad_out [B, F, D] is the pooled output's gradient; an id in bag k (feature f, sample
-    b) gets bag_scale[k] * grad_out[b, f], so its chunk q's gradient norm is
-    |bag_scale[k]| * ||grad_out[b, f, q*c:(q+1)*c]||. Norms per access, before the
-    accesses of a row are summed, so gradients of opposite sign do not cancel.
-    out [U, K] float32.
-    """
-    n_bags = offsets.shape[0] - 1
-    n_pos = out.shape[1]
-    norms = np.empty((n_bags, n_pos), dtype=np.float32)
-    for k in nb.prange(n_bags):
-        f = k // batch
-        b = k - f * batch
-        s = abs(bag_scale[k])
-        for q in range(n_pos):
-            acc = np.float32(0.0)
-            for j in range(q * c, (q + 1) * c):
-                x = grad_out[b, f, j]
-                acc += x * x
-            norms[k, q] = s * np.sqrt(acc)
-    for k in range(n_bags):  # serial: rows repeat across bags
-        for i in range(offsets[k], offsets[k + 1]):
-            u = inverse[i]
-            for q in range(n_pos):
-                out[u, q] += norms[k, q]
 
 
 @nb.njit(parallel=True, cache=True)
@@ -165,12 +146,12 @@ def _build(CHUNK: int) -> HotKernels:
                 for j in range(d):
                     out[b, f, j] *= s
 
-    def sgd(pw, cmap, rows, start, length, g, lr, wd, imp, next_imp, score):
+    def sgd(pw, cmap, rows, start, length, g, lr, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(i, r, ln, start[i], cmap, cmap.shape[1], imp, next_imp, score)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 w = flat[start[i] * c : (start[i] + live) * c]
                 for j in range(w.shape[0]):
@@ -181,13 +162,13 @@ def _build(CHUNK: int) -> HotKernels:
                     for j in range(c):
                         pw[p, j] -= lr * (g[i, q * c + j] + wd * pw[p, j])
 
-    def adagrad(pw, s, cmap, rows, start, length, g, lr, eps, wd, imp, next_imp, score):
+    def adagrad(pw, s, cmap, rows, start, length, g, lr, eps, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         sflat = s.reshape(s.shape[0] * s.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(i, r, ln, start[i], cmap, cmap.shape[1], imp, next_imp, score)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 lo, hi = start[i] * c, (start[i] + live) * c
                 w, ss = flat[lo:hi], sflat[lo:hi]
@@ -203,13 +184,13 @@ def _build(CHUNK: int) -> HotKernels:
                         s[p, j] += gj * gj
                         pw[p, j] -= lr * gj / (np.sqrt(s[p, j]) + eps)
 
-    def rowwise_adagrad(pw, s_row, cmap, rows, start, length, g, lr, eps, wd, d, imp, next_imp, score):
+    def rowwise_adagrad(pw, s_row, cmap, rows, start, length, g, lr, eps, wd, d, imp, next_imp, by_grad, hits):
         """``s_row`` [R] stays with the row; the mean square is over all ``d`` dims (pruned ones add 0)."""
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(i, r, ln, start[i], cmap, cmap.shape[1], imp, next_imp, score)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             acc = np.float32(0.0)
             if ln > 0:
                 w = flat[start[i] * c : (start[i] + live) * c]
@@ -234,14 +215,14 @@ def _build(CHUNK: int) -> HotKernels:
                     for j in range(c):
                         pw[p, j] -= scale * (g[i, q * c + j] + wd * pw[p, j])
 
-    def adam(pw, m, v, cmap, rows, start, length, g, step_size, b1, b2, eps, wd, imp, next_imp, score):
+    def adam(pw, m, v, cmap, rows, start, length, g, step_size, b1, b2, eps, wd, imp, next_imp, by_grad, hits):
         c = pw.shape[1] if CHUNK == 0 else CHUNK
         flat = pw.reshape(pw.shape[0] * pw.shape[1])
         mflat = m.reshape(m.shape[0] * m.shape[1])
         vflat = v.reshape(v.shape[0] * v.shape[1])
         for i in nb.prange(rows.shape[0]):
             r, ln = rows[i], length[i]
-            live = _importance(i, r, ln, start[i], cmap, cmap.shape[1], imp, next_imp, score)
+            live = _importance(g, i, r, ln, start[i], cmap, c, cmap.shape[1], imp, next_imp, by_grad, hits)
             if ln > 0:
                 lo, hi = start[i] * c, (start[i] + live) * c
                 w, mm, vv = flat[lo:hi], mflat[lo:hi], vflat[lo:hi]

@@ -62,39 +62,22 @@ class _PoolChunked(torch.autograd.Function):
         grad_rows = torch.zeros(rows.shape[0], group.dim)  # [U, D]
         g = grad_out.contiguous().numpy()
         pool_backward_auto(g, layout, grad_rows.numpy())  # split by feature where the layout allows
-        hits = accesses(layout, rows.shape[0])
-        group.update(torch.from_numpy(rows), grad_rows, view, hits=hits, score=group.batch_scores(g, layout, hits))
+        group.update(torch.from_numpy(rows), grad_rows, view, hits=accesses(layout, rows.shape[0]))
         return None, None, None, None
-
-
-class _Tap(torch.autograd.Function):
-    """Identity whose backward keeps the pooled output's gradient for ``_GatherChunked``."""
-
-    @staticmethod
-    def forward(ctx, pooled: Tensor, held: dict) -> Tensor:
-        ctx.held = held
-        return pooled.view_as(pooled)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # runs before the gather's backward, which needs it
-        ctx.held["grad_out"] = grad
-        return grad, None
 
 
 class _GatherChunked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: Tensor, layout: BagLayout, held: dict) -> Tensor:
-        ctx.group, ctx.layout, ctx.held = group, layout, held
+    def forward(ctx, anchor: Tensor, group: PrunedGroup, rows: Tensor, hits: np.ndarray) -> Tensor:
+        ctx.group, ctx.hits = group, hits
         ctx.save_for_backward(rows)
         return group.gather(rows.numpy())
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # [U, D], summed over duplicates
         (rows,) = ctx.saved_tensors
-        hits = accesses(ctx.layout, rows.shape[0])
-        g = ctx.held.pop("grad_out").contiguous().numpy()  # [B, F_g, D]
-        ctx.group.update(rows, grad, hits=hits, score=ctx.group.batch_scores(g, ctx.layout, hits))
-        return None, None, None, None, None
+        ctx.group.update(rows, grad, hits=ctx.hits)
+        return None, None, None, None
 
 
 def accesses(layout: BagLayout, n_rows: int) -> np.ndarray:
@@ -111,8 +94,7 @@ def pool_chunked(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train:
 
 def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
     r = torch.from_numpy(rows)
-    held: dict = {}
-    emb = _GatherChunked.apply(anchor, group, r, layout, held) if train else group.gather(rows)  # [U, D]
+    emb = _GatherChunked.apply(anchor, group, r, accesses(layout, rows.shape[0])) if train else group.gather(rows)  # [U, D]
     weights = None
     if bool((layout.scale != 1.0).any()):
         lengths = torch.from_numpy(np.diff(layout.offsets))
@@ -125,5 +107,4 @@ def pool_chunked_torch(group: PrunedGroup, rows: np.ndarray, layout: BagLayout, 
         per_sample_weights=weights,
         include_last_offset=True,
     )
-    out = pooled.view(layout.n_features, layout.batch, -1).transpose(0, 1)  # [B, F_g, D]
-    return _Tap.apply(out, held) if train else out
+    return pooled.view(layout.n_features, layout.batch, -1).transpose(0, 1)  # [B, F_g, D]

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, load_config
+from tierec.paths import check_no_alias
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -119,6 +120,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tierec.train.evaluate import predict
 
     cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    check_no_alias(args.out, [cfg.data.source, cfg.data.test_source, args.checkpoint], "predict --out", "data or checkpoint")
     n = predict(cfg, parts, args.split, args.out)
     print(f"wrote {n} scores to {args.out}")
     return 0

@@ -205,6 +205,20 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
     return tensors, record
 
 
+def remove_checkpoints(run_dir: Path | str) -> None:
+    """Delete a run's checkpoints: tierec's own step directories, ``latest`` and debris, nothing else."""
+    run_dir = Path(run_dir)
+    for old in _step_dirs(run_dir):
+        trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(old, trash)
+    (run_dir / LATEST_FILE).unlink(missing_ok=True)
+    _remove_debris(run_dir)
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass  # something not ours is left in it
+
+
 def _step_dirs(run_dir: Path) -> list[Path]:
     """Checkpoint directories of a run, oldest step first."""
     found = [

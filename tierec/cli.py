@@ -97,10 +97,24 @@ def _print_summary(summary: dict) -> None:
     if "planted_auc" in summary:
         print(f"planted AUC     {summary['planted_auc']:.4f}  (the generator's own model on the same rows)")
     print(f"test logloss    {summary['test_logloss']:.4f}")
+    if "best_step" in summary:
+        print(f"best step       {summary['best_step']}  (validation AUC {summary['best_validation_auc']:.4f}; test is evaluated on it, checkpoints/best)")
     print(f"samples/s       {summary['train_samples_per_s']:,.0f}  (training steps, {summary['steps']} steps)")
     print(f"embedding rows  {summary['embedding_rows']:,}  ({_human_bytes(summary['embedding_bytes'])})")
     print(f"peak memory     {_human_bytes(summary['peak_memory_bytes'])}")
     print(f"run directory   {summary['run_dir']}")
+
+
+def _checkpoint_path(path: str, last: bool) -> str:
+    """A run directory means its checkpoints/; there, checkpoints/best unless ``last`` (or there is none)."""
+    from tierec.train.evaluate import BEST_DIR
+
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        p = p / "checkpoints"
+    if not last and (p / BEST_DIR).is_dir():
+        p = p / BEST_DIR
+    return str(p)
 
 
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
@@ -124,7 +138,7 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
 def cmd_eval(args: argparse.Namespace) -> int:
     from tierec.train.evaluate import evaluate, require_defined
 
-    cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    cfg, parts = _restore(_checkpoint_path(args.checkpoint, args.last), args.data, args.overrides)
     result = evaluate(cfg, parts, split=args.split)
     print(json.dumps(result))
     require_defined(result, f"the {args.split} split of {cfg.data.source}")
@@ -134,7 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from tierec.train.evaluate import predict
 
-    cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    cfg, parts = _restore(_checkpoint_path(args.checkpoint, args.last), args.data, args.overrides)
     check_no_alias(args.out, [cfg.data.source, cfg.data.test_source, args.checkpoint], "predict --out", "data or checkpoint")
     n = predict(cfg, parts, args.split, args.out, keys=args.keys)
     print(f"wrote {n} scores to {args.out}")
@@ -196,10 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (("eval", "evaluate a checkpoint"), ("predict", "write a score for every row of a data file")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("checkpoint", help="a checkpoint directory, or a run's checkpoints/ directory (its latest)")
+        p.add_argument("checkpoint", help="a run directory, its checkpoints/ directory, or one checkpoint; a run's "
+                                          "checkpoints/best (best validation AUC) when there is one, else its latest")
+        p.add_argument("--last", action="store_true",
+                       help="the run's latest checkpoint instead of checkpoints/best (default: best when kept)")
         p.add_argument("--data", metavar="FILE", help="data file or shard directory (default: the run's own data.source)")
         p.add_argument(
-            "--split", choices=["test", "train", "all"], default="all" if name == "predict" else "test",
+            "--split", choices=["test", "validation", "train", "all"], default="all" if name == "predict" else "test",
             help="which rows of the data, split as the run's config says (all = every row of the file; "
                  f"default: {'all' if name == 'predict' else 'test'})",
         )

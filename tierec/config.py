@@ -97,6 +97,7 @@ class SyntheticConfig:
 
     train_rows: int = 1_000_000
     test_rows: int = 100_000
+    validation_rows: int = 0  # see data.validation_rows
     seed: int = 0
     n_dense: int = 13
     # Criteo Kaggle cardinalities are multiplied by this (at least 2 ids per feature).
@@ -133,6 +134,22 @@ class DataConfig:
     # Held-out split of a file: its last `test_rows` rows, or else its last `test_fraction`.
     test_rows: int = 0
     test_fraction: float = 0.1
+    # Validation split (train.eval_every, early stopping, checkpoints/best): `validation_rows` rows, or else a
+    # `validation_fraction` of the file, just before the test rows (tail) or by hash (synthetic data: a stream
+    # of its own, data.synthetic.validation_rows). None by default; when train.eval_every asks for evaluations,
+    # 10% of a file (synthetic: as many rows as its test split), written to the run's config.toml.
+    validation_rows: int = 0
+    validation_fraction: float = 0.0
+    # "tail": test (and validation) are the last rows of the file; "hash": each row goes to train, validation or
+    # test by a stable hash of `split_key` (a categorical column, e.g. "user", so a user's rows stay together) or,
+    # with split_key = "", of its row number. Fractions come from the *_fraction keys (or *_rows / file rows).
+    split: str = "tail"
+    split_key: str = ""
+    # Training order: chunks of `shuffle_chunk_rows` rows (file ranges, shard record batches) in a new order each
+    # epoch, then a shuffle buffer of `shuffle_buffer` rows; seeded by train.seed, so a resumed run sees the same rows.
+    shuffle: bool = True
+    shuffle_buffer: int = 65536
+    shuffle_chunk_rows: int = 65536
     strict: bool = False  # malformed rows are errors instead of being skipped and counted
     # A separate test file (overrides the split).
     test_source: str = ""
@@ -146,6 +163,16 @@ class DataConfig:
             raise ConfigError("data.test_fraction must be in [0, 1)")
         if self.test_rows < 0:
             raise ConfigError("data.test_rows must be >= 0")
+        if self.validation_rows < 0 or not 0 <= self.validation_fraction < 1:
+            raise ConfigError("data.validation_rows must be >= 0 and data.validation_fraction in [0, 1)")
+        if self.test_fraction + self.validation_fraction >= 1:
+            raise ConfigError("data.test_fraction + data.validation_fraction must be below 1")
+        if self.split not in {"tail", "hash"}:
+            raise ConfigError(f"data.split {self.split!r} is not one of tail, hash")
+        if self.split_key and self.split != "hash":
+            raise ConfigError("data.split_key needs data.split = \"hash\"")
+        if self.shuffle_buffer < 1 or self.shuffle_chunk_rows < 1:
+            raise ConfigError("data.shuffle_buffer and data.shuffle_chunk_rows must be >= 1")
 
 
 # ------------------------------------------------------------------------ embedding
@@ -231,8 +258,12 @@ class TrainConfig:
     max_steps: int = 0  # 0 = run the epochs
     dense_optimizer: str = "adam"  # adam | adagrad | sgd
     dense_lr: float = 5e-3
-    eval_every: int = 0  # steps; 0 = only at the end
-    eval_batches: int = 0  # 0 = whole test split
+    # Evaluations every eval_every steps (0 = only at the end) use the validation split when there is one
+    # (see data.validation_*); the model with the best validation AUC is kept in checkpoints/best, which
+    # `eval` and `predict` use, and the test split is evaluated at the end on it.
+    eval_every: int = 0
+    early_stop_patience: int = 0  # stop after this many evaluations without a better validation AUC; 0 = never
+    eval_batches: int = 0  # 0 = the whole split
     checkpoint_every: int = 0  # steps; 0 = only at the end
     seed: int = 0
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
@@ -242,6 +273,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
             raise ConfigError("train.batch_size must be positive")
+        if self.eval_every < 0 or self.early_stop_patience < 0:
+            raise ConfigError("train.eval_every and train.early_stop_patience must be >= 0")
+        if self.early_stop_patience and not self.eval_every:
+            raise ConfigError("train.early_stop_patience counts evaluations: set train.eval_every too")
         if self.dense_optimizer not in {"adam", "adagrad", "sgd"}:
             raise ConfigError(f"train.dense_optimizer {self.dense_optimizer!r} is not one of adam, adagrad, sgd")
 

@@ -153,7 +153,7 @@ def preprocess(cfg: DataConfig, out_dir: str | Path, rows_per_shard: int = 1 << 
     tmp = _sibling(out, "tmp")
     tmp.mkdir()
     try:
-        for split in ("train", "test"):
+        for split in ("train", "validation", "test"):
             try:
                 src = open_source(cfg, split, batch_size=record_rows)
             except NoSplitError:
@@ -360,6 +360,19 @@ class ShardSet:
 
     def problems(self, split: str) -> ProblemReport:
         return self.split(split).problems or ProblemReport(str(self.root))
+
+    def batches_in_order(self, split: str, rng: np.random.Generator) -> Iterator[RowBlock]:
+        """Every record batch of ``split``, shard and batch order drawn from ``rng`` (shuffled training)."""
+        shards = self.split(split).shards
+        counts = []
+        for shard in shards:
+            with pa.memory_map(str(self.root / shard.file)) as mm:
+                counts.append(ipc.open_file(mm).num_record_batches)
+        pairs = [(s, i) for s, c in enumerate(counts) for i in range(c)]
+        for k in rng.permutation(len(pairs)):
+            s, i = pairs[k]
+            with pa.memory_map(str(self.root / shards[s].file)) as mm:
+                yield from_record_batch(ipc.open_file(mm).get_batch(i))
 
     def blocks(self, split: str, start_row: int) -> Iterator[RowBlock]:
         """Record batches of ``split`` from row ``start_row`` on (whole shards and batches are skipped unread)."""

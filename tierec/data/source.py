@@ -25,17 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from tierec.batch import Batch
 from tierec.config import DataConfig
 from tierec.data.blocks import RowBlock, rebatch, skip_rows, to_batch
 from tierec.data.errors import DataError, NoSplitError, ProblemReport
+from tierec.data.order import HashSplit, Shuffle, chunk_ranges, shuffle_buffer
 from tierec.data.parquet import ParquetFile
 from tierec.data.schema import Schema, resolve_schema
 from tierec.data.shards import ShardSet
 from tierec.data.synthetic import SyntheticData
 from tierec.data.text import TextFile
 
-SPLITS = ("train", "test", "all")  # all: every row (a file unsplit; synthetic and shards: train then test)
+SPLITS = ("train", "validation", "test", "all")  # all: every row (a file unsplit; synthetic and shards: train then test)
 _SUFFIX_FORMATS = {".txt": "criteo", ".tsv": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
 
@@ -51,6 +54,10 @@ class _Rows(Protocol):
         """A fresh report for a pass (None: nothing is parsed, keep the recorded one)."""
         ...
 
+    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        """All rows, chunk by chunk (file ranges, shard record batches) in the order ``rng`` draws."""
+        ...
+
 
 class BatchSource:
     """The batches of one split of a source; each ``iter()`` is a new pass.
@@ -62,9 +69,12 @@ class BatchSource:
     the latest pass (for shards, the one recorded when they were written).
     """
 
-    def __init__(self, rows: _Rows, meta: SourceMeta, batch_size: int, start_batch: int, drop_last: bool) -> None:
+    def __init__(
+        self, rows: _Rows, meta: SourceMeta, batch_size: int, start_batch: int, drop_last: bool, shuffle: Shuffle | None = None
+    ) -> None:
         self._rows = rows
         self._meta = meta
+        self.shuffle = shuffle
         self.batch_size = batch_size
         self.start_batch = start_batch
         self.drop_last = drop_last
@@ -115,7 +125,13 @@ class BatchSource:
         rows_seen = 0
         finished = False
         try:
-            for block in rebatch(self._rows.blocks(start, self.batch_size, report), self.batch_size, drop_last=self.drop_last):
+            if self.shuffle is None:
+                stream = self._rows.blocks(start, self.batch_size, report)
+            else:  # the epoch's whole order is regenerated, then the rows already seen are skipped
+                rng = self.shuffle.rng()
+                mixed = shuffle_buffer(self._rows.chunks(rng, self.shuffle.chunk_rows, report), self.shuffle.buffer_rows, rng)
+                stream = skip_rows(mixed, start) if start else mixed
+            for block in rebatch(stream, self.batch_size, drop_last=self.drop_last):
                 rows_seen += block.size
                 yield block
             finished = True
@@ -139,13 +155,21 @@ class SourceMeta:
 
 
 def open_source(
-    cfg: DataConfig, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False, label_optional: bool = False
+    cfg: DataConfig,
+    split: str,
+    batch_size: int,
+    *,
+    start_batch: int = 0,
+    drop_last: bool = False,
+    label_optional: bool = False,
+    shuffle: Shuffle | None = None,
 ) -> BatchSource:
     """The ``split`` ("train", "test" or "all") of ``cfg.source`` as batches of ``batch_size``.
 
     ``label_optional`` (scoring new data): a file whose header lacks the label column, or
     whose lines have one field fewer than the schema's columns, is read without labels
-    (``labeled`` is False and the labels read as 0).
+    (``labeled`` is False and the labels read as 0). ``shuffle`` (training) reads the
+    rows in that epoch's order (:mod:`tierec.data.order`).
     """
     if split not in SPLITS:
         raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -157,7 +181,9 @@ def open_source(
         rows, meta = _whole_file_or_source(cfg, cfg.test_source)
     else:
         rows, meta = _split_of(cfg, split, label_optional)
-    return BatchSource(rows, meta, batch_size, start_batch, drop_last)
+    if infer_format(cfg.source, cfg.format) == "synthetic":
+        shuffle = None  # synthetic rows are independent draws already
+    return BatchSource(rows, meta, batch_size, start_batch, drop_last, shuffle)
 
 
 def infer_format(source: str, fmt: str = "auto") -> str:
@@ -185,28 +211,43 @@ def _split_of(cfg: DataConfig, split: str, label_optional: bool = False) -> tupl
         data = SyntheticData(cfg.synthetic)
         multi = data.feature_names if cfg.synthetic.ids_per_feature > 1 else ()
         parts = ("train", "test") if split == "all" else (split,)
+        if split == "validation" and not data.num_rows("validation"):
+            raise NoSplitError("synthetic data has no validation split (data.synthetic.validation_rows is 0)")
         rows = _ChainRows([(_SyntheticRows(data, p), data.num_rows(p)) for p in parts])
         return rows, SourceMeta(data.feature_names, data.dense_names, multi, rows.num_rows, ProblemReport("synthetic"))
     if fmt == "shards":
         shards = ShardSet.open(cfg.source)
-        parts = tuple(p for p in ("train", "test") if p in shards.manifest.splits) if split == "all" else (split,)
+        parts = tuple(p for p in ("train", "validation", "test") if p in shards.manifest.splits) if split == "all" else (split,)
         rows = _ChainRows([(_ShardRows(shards, p), shards.num_rows(p)) for p in parts])
         problems = ProblemReport.merged(str(cfg.source), [shards.problems(p) for p in parts])
         return rows, SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, rows.num_rows, problems)
     file = _open_file(cfg.source, fmt, cfg, label_optional)
     n = file.data_lines
     if split == "all":
-        first, stop = 0, n
-    elif cfg.test_source:
-        first, stop = (0, n) if split == "train" else (n, n)
-    else:
-        n_test = cfg.test_rows if cfg.test_rows > 0 else int(round(cfg.test_fraction * n))
-        if n_test >= n:
-            raise DataError(f"{cfg.source}: the test split ({n_test} rows) leaves no training rows out of {n}")
-        first, stop = (0, n - n_test) if split == "train" else (n - n_test, n)
-        if split == "test" and n_test == 0:
-            raise NoSplitError(f"{cfg.source}: no test split (data.test_rows and data.test_fraction are 0; or set data.test_source)")
+        return _FileRows(file, 0, n, cfg.strict), _file_meta(file, n)
+    n_test = 0 if cfg.test_source else cfg.test_rows if cfg.test_rows > 0 else int(round(cfg.test_fraction * n))
+    n_val = cfg.validation_rows if cfg.validation_rows > 0 else int(round(cfg.validation_fraction * n))
+    if n_test + n_val >= n:
+        raise DataError(f"{cfg.source}: the test and validation splits ({n_test} + {n_val} rows) leave no training rows out of {n}")
+    if split == "test" and n_test == 0 and not cfg.test_source:
+        raise NoSplitError(f"{cfg.source}: no test split (data.test_rows and data.test_fraction are 0; or set data.test_source)")
+    if split == "validation" and n_val == 0:
+        raise NoSplitError(f"{cfg.source}: no validation split (data.validation_rows and data.validation_fraction are 0)")
+    if cfg.split == "hash":
+        bounds = {"test": (0.0, n_test / n), "validation": (n_test / n, (n_test + n_val) / n), "train": ((n_test + n_val) / n, 1.0)}
+        keep = HashSplit(*bounds[split], feature=_split_feature(cfg, file.schema))
+        return _FileRows(file, 0, n, cfg.strict, keep), _file_meta(file, keep.count_rows(n))
+    first, stop = {"train": (0, n - n_test - n_val), "validation": (n - n_test - n_val, n - n_test), "test": (n - n_test, n)}[split]
     return _FileRows(file, first, stop, cfg.strict), _file_meta(file, stop - first)
+
+
+def _split_feature(cfg: DataConfig, schema: Schema) -> int:
+    """The categorical feature a hash split keys on (-1: the row number)."""
+    if not cfg.split_key:
+        return -1
+    if cfg.split_key not in schema.categorical or cfg.split_key in schema.multi_valued:
+        raise DataError(f"data.split_key {cfg.split_key!r} must be a single-valued categorical column of the schema: {list(schema.categorical)}")
+    return schema.categorical.index(cfg.split_key)
 
 
 def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta]:
@@ -251,18 +292,33 @@ class _SyntheticRows:
     def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
         return self.data.blocks(self.split, start_row, block_rows)  # generated at the batch size: no re-cutting
 
+    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        return self.data.ranges(self.split, chunk_ranges(0, self.data.num_rows(self.split), chunk_rows, rng))
+
 
 class _FileRows:
-    def __init__(self, file: TextFile | ParquetFile, first: int, stop: int, strict: bool) -> None:
-        self.file, self.first, self.stop, self.strict = file, first, stop, strict
+    def __init__(self, file: TextFile | ParquetFile, first: int, stop: int, strict: bool, keep: HashSplit | None = None) -> None:
+        self.file, self.first, self.stop, self.strict, self.keep = file, first, stop, strict, keep
 
     def new_report(self) -> ProblemReport | None:
         return _new_report(self.file)
 
     def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
         assert report is not None
-        blocks = self.file.blocks(self.first, self.stop, report, self.strict)
+        blocks = self._kept(self.file.blocks(self.first, self.stop, report, self.strict))
         return skip_rows(blocks, start_row) if start_row else blocks
+
+    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        assert report is not None
+        for a, b in chunk_ranges(self.first, self.stop, chunk_rows, rng):
+            yield from self._kept(self.file.blocks(a, b, report, self.strict))
+
+    def _kept(self, blocks: Iterator[RowBlock]) -> Iterator[RowBlock]:
+        if self.keep is None:
+            yield from blocks
+            return
+        for blk in blocks:
+            yield blk.select(self.keep.keep(blk))
 
 
 class _ChainRows:
@@ -283,6 +339,10 @@ class _ChainRows:
             yield from rows.blocks(start_row, block_rows, report)
             start_row = 0
 
+    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        for rows, _ in self.parts:
+            yield from rows.chunks(rng, chunk_rows, report)
+
 
 class _ShardRows:
     def __init__(self, shards: ShardSet, split: str) -> None:
@@ -293,3 +353,6 @@ class _ShardRows:
 
     def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
         return self.shards.blocks(self.split, start_row)
+
+    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
+        return self.shards.batches_in_order(self.split, rng)

@@ -39,7 +39,7 @@ from tierec.data.blocks import RowBlock
 from tierec.data.planted import PlantedModel, seeded
 from tierec.data.schema import CRITEO_CATEGORICAL
 
-SPLITS = {"train": 1, "test": 2}
+SPLITS = {"train": 1, "test": 2, "validation": 3}
 
 
 class SyntheticData:
@@ -52,7 +52,7 @@ class SyntheticData:
         self.dense_names: tuple[str, ...] = tuple(f"I{i}" for i in range(1, cfg.n_dense + 1))
 
     def num_rows(self, split: str) -> int:
-        return self.cfg.train_rows if _split_tag(split) == 1 else self.cfg.test_rows
+        return {1: self.cfg.train_rows, 2: self.cfg.test_rows, 3: self.cfg.validation_rows}[_split_tag(split)]
 
     def block(self, split: str, start: int, n: int) -> tuple[RowBlock, np.ndarray]:
         """Rows ``start..start+n-1`` of ``split`` and their planted logits [n] float32."""
@@ -68,6 +68,11 @@ class SyntheticData:
         total = self.num_rows(split)
         for a in range(start, total, block_rows):
             yield self.block(split, a, min(block_rows, total - a))[0]
+
+    def ranges(self, split: str, ranges: list[tuple[int, int]]) -> Iterator[RowBlock]:
+        """Rows ``a..b-1`` of ``split`` for each ``(a, b)``, in the order given."""
+        for a, b in ranges:
+            yield self.block(split, a, b - a)[0]
 
 
 def planted_scores(cfg: SyntheticConfig, split: str, batch_index: int, batch_size: int) -> torch.Tensor:

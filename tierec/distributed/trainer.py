@@ -131,11 +131,11 @@ class DistributedTrainer(Trainer):
         self._steps_run += 1
         return float(total) / batch.size
 
-    def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar) -> dict[str, float]:
-        result = evaluate_sharded(self.cfg, parts, self.ctx)
-        log.write({"kind": "eval", "step": pos.step, **result})
+    def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar, split: str = "test") -> dict[str, float]:
+        result = evaluate_sharded(self.cfg, parts, self.ctx, split)
+        log.write({"kind": "eval", "split": split, "step": pos.step, **result})
         if self.is_main:
-            line = f"step {pos.step}: test auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
+            line = f"step {pos.step}: {split} auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
             (bar.write if bar is not None else self.echo)(line)
         return result
 

@@ -14,6 +14,7 @@ read as zeros and are not inserted) and no gradient is taken.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
-from tierec.config import Config
+from tierec.config import Config, DataConfig
 from tierec.data import BackgroundLoader, BatchSource, DataError, open_source, prefetch
 from tierec.data.blocks import to_batch
 from tierec.data.keys import read_key_columns
@@ -44,6 +45,33 @@ def _scores(cfg: Config, parts: Components, source: BatchSource, max_batches: in
                 yield parts.forward(batch).cpu(), batch.labels.cpu()
     finally:
         parts.train(was_training)
+
+
+BEST_DIR = "best"  # checkpoints/best: the checkpoint with the best validation AUC
+
+
+def has_validation(cfg: DataConfig) -> bool:
+    """Whether the data has a validation split (by the config alone; shards: their manifest)."""
+    if cfg.source == "synthetic" or cfg.format == "synthetic":
+        return cfg.synthetic.validation_rows > 0
+    if cfg.format == "shards" or Path(cfg.source).is_dir():
+        from tierec.data import ShardSet
+
+        return "validation" in ShardSet.open(cfg.source).manifest.splits
+    return cfg.validation_rows > 0 or cfg.validation_fraction > 0
+
+
+def with_validation(cfg: Config) -> Config:
+    """``cfg`` with a validation split when periodic evaluations need one and none is configured:
+    10% of a file, or as many synthetic rows as the test split (the run's config.toml records it)."""
+    if not cfg.train.eval_every or has_validation(cfg.data):
+        return cfg
+    if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
+        synthetic = dataclasses.replace(cfg.data.synthetic, validation_rows=cfg.data.synthetic.test_rows)
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, synthetic=synthetic))
+    if cfg.data.format == "shards" or Path(cfg.data.source).is_dir():
+        return cfg  # shards keep the splits they were written with
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, validation_fraction=0.1))
 
 
 class UndefinedMetricError(DataError):

@@ -37,7 +37,8 @@ from tierec.distributed.checkpoint import load_any
 from tierec.store.monitor import StoreMonitor
 from tierec.train.checkpoint import latest_checkpoint, save_checkpoint
 from tierec.train.components import Components
-from tierec.train.evaluate import evaluate, planted_auc, require_defined
+from tierec.data.order import Shuffle
+from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.state import restore_state, snapshot_state
 from tomli_w import dumps as dump_toml
 
@@ -49,6 +50,9 @@ class Position:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+    best_auc: float = -1.0  # best validation AUC so far (-1: none yet)
+    best_step: int = -1
+    evals_since_best: int = 0  # for train.early_stop_patience
 
 
 class MetricsLog:
@@ -87,11 +91,12 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.echo = echo
+        self._validated_at = -1  # step of the latest validation
 
     # ------------------------------------------------------------------ fit
 
     def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
+        self.cfg = cfg = with_validation(self.cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -121,9 +126,11 @@ class Trainer:
             mininterval=0.5 if interactive else 30.0,
         )
         samples, busy, last_loss = 0, 0.0, float("nan")
-        done = pos.step >= total
+        eval_split = "validation" if has_validation(cfg.data) else "test"
+        done = pos.step >= total or (not cfg.train.max_steps and pos.epoch >= cfg.train.epochs)
         while not done:
-            source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch)
+            shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
+            source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
                 for batch in store.wrap(self._batches(loader)):
                     t0 = time.perf_counter()
@@ -144,26 +151,38 @@ class Trainer:
                         bytes_ = parts.embedding_bytes()
                         log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_, **store.record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
-                        self._eval(parts, log, pos, bar)
+                        self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), ckpt_dir, pos, eval_split)
+                        done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience
+                        if done:
+                            (bar.write if bar is not None else self.echo)(f"step {pos.step}: early stop, no better validation AUC in {pos.evals_since_best} evaluations")
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
                         self._save(parts, ckpt_dir, pos)
-                    if pos.step >= total:
+                    if done or (cfg.train.max_steps and pos.step >= total):
                         done = True
                         break
-            if not done:
+            if not done:  # an epoch ends when its pass does (a hash split's length is only estimated)
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
+                done = pos.step >= total if cfg.train.max_steps else pos.epoch >= cfg.train.epochs
         bar.close()
         store.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
             parts.pruner.step()  # the evaluated and saved model meets the budget too
             self._log_prune(parts, log, pos, None)
 
-        # 3. evaluate and save
-        result = self._eval(parts, log, pos, None)
+        # 3. save; keep the best by validation AUC; evaluate test on it
         self._save(parts, ckpt_dir, pos)
+        best: dict[str, Any] = {}
+        if eval_split == "validation":
+            if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
+                self._track_best(parts, self._eval(parts, log, pos, None, "validation"), ckpt_dir, pos, "validation")
+            if pos.best_step != pos.step:
+                self._load_weights(parts, ckpt_dir / BEST_DIR)
+            best = {"best_step": pos.best_step, "best_validation_auc": pos.best_auc}
+        result = self._eval(parts, log, pos, None, "test")
         summary = {
             "steps": pos.step,
+            **best,
             "test_auc": result["auc"],
             "test_logloss": result["logloss"],
             "test_rows": result["rows"],
@@ -219,12 +238,32 @@ class Trainer:
             )
             (bar.write if bar is not None else self.echo)(line)
 
-    def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> dict[str, float]:
-        result = evaluate(self.cfg, parts)
-        log.write({"kind": "eval", "step": pos.step, **result})
-        line = f"step {pos.step}: test auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
+    def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None, split: str = "test") -> dict[str, float]:
+        result = evaluate(self.cfg, parts, split)
+        log.write({"kind": "eval", "split": split, "step": pos.step, **result})
+        line = f"step {pos.step}: {split} auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
         (bar.write if bar is not None else self.echo)(line)
         return result
+
+    def _track_best(self, parts: Components, result: dict[str, float], ckpt_dir: Path, pos: Position, split: str) -> None:
+        """Keep checkpoints/best at the best validation AUC so far (periodic evaluations on test keep nothing)."""
+        if split != "validation":
+            return
+        self._validated_at = pos.step
+        if result["auc"] > pos.best_auc or pos.best_step < 0:  # a nan AUC never wins, but a first one is kept
+            pos.best_auc = float(result["auc"]) if result["auc"] == result["auc"] else -1.0
+            pos.best_step, pos.evals_since_best = pos.step, 0
+            self._save(parts, ckpt_dir / BEST_DIR, pos)
+        else:
+            pos.evals_since_best += 1
+
+    def _load_weights(self, parts: Components, ckpt_dir: Path) -> None:
+        """The state of the checkpoint in ``ckpt_dir`` (the best one), without a word."""
+        echo, self.echo = self.echo, lambda _: None
+        try:
+            self._load(parts, ckpt_dir)
+        finally:
+            self.echo = echo
 
     def _total_steps(self, probe) -> int:
         t = self.cfg.train

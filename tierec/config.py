@@ -405,6 +405,10 @@ class PruneConfig:
             raise ConfigError("prune.compact_free_fraction must be in (0, 1]")
 
 
+CROSS_GROUP_MODES = ("gradients", "average")
+COMPRESS_CODECS = ("none", "fp16", "bf16", "int8")
+
+
 @dataclass(kw_only=True)
 class DistConfig:
     """Multi-process training on torch.distributed (launched by torchrun); see docs/distributed.md."""
@@ -423,8 +427,24 @@ class DistConfig:
     # pairs: replicas cost an all-reduce of every hot row every step, so a row that most ranks
     # do not request every step is cheaper through the all-to-all (docs/distributed.md).
     hot_min_share: float = 0.9
+    # Hierarchical training (docs/distributed.md): the ranks form a ("replica", "shard") mesh of
+    # groups of group_size ranks; tables are row-sharded inside a group, groups sync across.
+    # 0 = one group of all ranks on one node (today's flat run); under a multi-node torchrun,
+    # 0 = one group per node (LOCAL_WORLD_SIZE ranks). Must divide the world size.
+    group_size: int = 0
+    cross_group: str = "gradients"  # gradients (every step, exact) | average (every sync_every steps)
+    sync_every: int = 1  # steps between cross-group averages (cross_group = average)
+    compress: str = "none"  # what crosses groups: none | fp16 | bf16 | int8 (row-wise, error feedback)
 
     def __post_init__(self) -> None:
+        if self.group_size < 0:
+            raise ConfigError(f"dist.group_size must be >= 0 (0 = one group per node), got {self.group_size}")
+        if self.cross_group not in CROSS_GROUP_MODES:
+            raise ConfigError(f"dist.cross_group {self.cross_group!r} is not one of {', '.join(CROSS_GROUP_MODES)}")
+        if self.sync_every <= 0:
+            raise ConfigError(f"dist.sync_every must be positive, got {self.sync_every}")
+        if self.compress not in COMPRESS_CODECS:
+            raise ConfigError(f"dist.compress {self.compress!r} is not one of {', '.join(COMPRESS_CODECS)}")
         if self.backend not in {"auto", "gloo", "nccl"}:
             raise ConfigError(f"dist.backend {self.backend!r} is not one of auto, gloo, nccl")
         if self.timeout_s <= 0 or self.heartbeat_s <= 0:

@@ -175,7 +175,7 @@ def test_test_fraction_and_test_source(tmp_path: Path) -> None:
     assert [open_source(cfg, s, 4).num_rows for s in ("train", "test")] == [10, 4]
     with pytest.raises(DataError, match="no test split"):
         open_source(DataConfig(source=str(path), test_fraction=0), "test", 4)
-    with pytest.raises(DataError, match="leaves no training rows"):
+    with pytest.raises(DataError, match="leave no training rows"):
         open_source(DataConfig(source=str(path), test_rows=10), "train", 4)
 
 

@@ -64,7 +64,7 @@ def test_cli_nproc_with_hot_rows_matches_one_process(tmp_path: Path, capsys) -> 
     assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-4)
     scores = tmp_path / "scores.txt"
     assert main(["predict", str(tmp_path / "two" / "checkpoints"), "--split", "test", "--out", str(scores)]) == 0
-    assert len(scores.read_text().split()) == 2048
+    assert len(scores.read_text().split()) == 1 + 2048  # a header line, then one row per score
 
 
 def test_lost_rank_is_named_and_the_job_resumes(tmp_path: Path, reference: Path) -> None:

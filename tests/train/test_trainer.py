@@ -50,7 +50,8 @@ def test_run_directory_contents(tmp_path: Path) -> None:
     summary = Trainer(load_config(None, over), tmp_path).fit()
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
-    assert kinds.count("eval") == 3 and kinds[-1] == "final"  # steps 4, 8 and the end
+    splits = [r["split"] for r in records if r["kind"] == "eval"]
+    assert splits == ["validation"] * 3 + ["test"] and kinds[-1] == "final"  # validation at steps 4, 8, 12; test at the end
     assert (tmp_path / "config.toml").is_file()
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == summary["steps"] == 12
     assert 0.5 < summary["test_auc"] <= 1.0 and summary["planted_auc"] > 0.5

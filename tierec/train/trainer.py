@@ -33,13 +33,13 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import load_any
+from tierec.distributed.checkpoint import is_sharded, load_any, resolve_checkpoint
 from tierec.store.monitor import StoreMonitor
-from tierec.train.checkpoint import latest_checkpoint, save_checkpoint
 from tierec.train.allocator import keep_heap
+from tierec.train.checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
 from tierec.train.components import Components
-from tierec.train.evaluate import evaluate, planted_auc
-from tierec.train.state import restore_state, snapshot_state
+from tierec.train.evaluate import evaluate, planted_auc, require_defined
+from tierec.train.state import restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tomli_w import dumps as dump_toml
 
 
@@ -183,6 +183,7 @@ class Trainer:
         log.write({"kind": "final", **summary})
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
         return summary
 
     # ------------------------------------------------------------- pieces
@@ -238,14 +239,20 @@ class Trainer:
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        save_checkpoint(ckpt_dir, pos.step, tensors, meta)
+        save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts))  # rows streamed in chunks
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
         if latest_checkpoint(ckpt_dir) is None:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        tensors, meta = load_any(ckpt_dir)  # single-process or sharded
-        restore_state(parts, tensors, meta["state"])
+        ckpt = resolve_checkpoint(ckpt_dir)
+        if is_sharded(ckpt):  # the previous sharded format
+            tensors, meta = load_any(ckpt)
+            restore_state(parts, tensors, meta["state"])
+        else:  # saved on any number of processes; rows read a chunk at a time
+            loaded = Checkpoint(ckpt)
+            restore_checkpoint(parts, loaded)
+            meta = loaded.meta
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
         return pos

@@ -129,7 +129,7 @@ class Trainer:
         )
         samples, busy, last_loss = 0, 0.0, float("nan")
         eval_split = "validation" if has_validation(cfg.data) else "test"
-        done = pos.step >= total or (not cfg.train.max_steps and pos.epoch >= cfg.train.epochs)
+        done = pos.step >= total
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
@@ -159,13 +159,12 @@ class Trainer:
                             (bar.write if bar is not None else self.echo)(f"step {pos.step}: early stop, no better validation AUC in {pos.evals_since_best} evaluations")
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
                         self._save(parts, ckpt_dir, pos)
-                    if done or (cfg.train.max_steps and pos.step >= total):
+                    if done or pos.step >= total:
                         done = True
                         break
-            if not done:  # an epoch ends when its pass does (a hash split's length is only estimated)
+            if not done:
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
-                done = pos.step >= total if cfg.train.max_steps else pos.epoch >= cfg.train.epochs
         bar.close()
         store.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
@@ -173,15 +172,17 @@ class Trainer:
             self._log_prune(parts, log, pos, None)
 
         # 3. save; keep the best by validation AUC; evaluate test on it
-        self._save(parts, ckpt_dir, pos)
         best: dict[str, Any] = {}
+        if eval_split != "validation":  # (the order of before: evaluate, then save)
+            result = self._eval(parts, log, pos, None, "test")
+        self._save(parts, ckpt_dir, pos)
         if eval_split == "validation":
             if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
                 self._track_best(parts, self._eval(parts, log, pos, None, "validation"), ckpt_dir, pos, "validation")
             if pos.best_step != pos.step:
                 self._load_weights(parts, ckpt_dir / BEST_DIR)
             best = {"best_step": pos.best_step, "best_validation_auc": pos.best_auc}
-        result = self._eval(parts, log, pos, None, "test")
+            result = self._eval(parts, log, pos, None, "test")
         summary = {
             "steps": pos.step,
             **best,

@@ -64,7 +64,8 @@ def test_cli_nproc_with_hot_rows_matches_one_process(tmp_path: Path, capsys) -> 
     assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-4)
     scores = tmp_path / "scores.txt"
     assert main(["predict", str(tmp_path / "two" / "checkpoints"), "--split", "test", "--out", str(scores)]) == 0
-    assert len(scores.read_text().split()) == 2048
+    lines = scores.read_text().split()
+    assert lines[0].startswith('"row","score"') and len(lines) == 1 + 2048  # a header, then a row per test sample
 
 
 def test_lost_rank_is_named_and_the_job_resumes(tmp_path: Path, reference: Path) -> None:

@@ -60,6 +60,7 @@ def _human_bytes(n: float) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from tierec.train.rundir import check_run_dir, claim_run_dir, resume_config
+    from tierec.train.stopping import GracefulStop
     from tierec.train.trainer import Trainer
 
     if args.nproc < 1:
@@ -77,8 +78,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         return run_train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, argv=args.argv,
                          report=_print_summary)  # fmt: skip
-    with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite):
-        _print_summary(Trainer(cfg, run_dir, resume=args.resume).fit())
+    with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite), GracefulStop() as stop:
+        trainer = Trainer(cfg, run_dir, resume=args.resume)
+        trainer.stop = stop
+        _print_summary(trainer.fit())
     return 0
 
 
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     from tierec.data.errors import DataError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
+    from tierec.train.stopping import Interrupted, TrainingDiverged
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -231,9 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "passthrough", False):
             return args.func(args, rest)
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError) as e:
+    except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
+            TrainingDiverged) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"tierec: {e}", file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("tierec: interrupted", file=sys.stderr)
         return 130

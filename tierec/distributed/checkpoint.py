@@ -39,6 +39,7 @@ from torch import Tensor
 from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
 from tierec.paths import quote, safe_member
+from tierec.train.integrity import verify_checksums, write_checksums
 from tierec.train.checkpoint import (
     _STEP_DIR,
     LATEST_FILE,
@@ -113,6 +114,7 @@ def save_sharded(
             },
         }
         _write_durably(tmp / MANIFEST_FILE, json.dumps(record, indent=1))
+        write_checksums(tmp)  # every rank's shard is complete (the size all-reduce above)
         _fsync_dir(tmp)
         if final.exists():
             os.replace(final, run_dir / f".trash-{final.name}-sharded")
@@ -157,6 +159,9 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
 
 def iter_shards(ckpt: Path) -> Iterator[dict[str, Tensor]]:
     """The tensors of each shard in rank order (the first holds the dense state), checked against the manifest."""
+    problem = verify_checksums(ckpt)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {problem}")
     for entry in read_manifest(ckpt)["_sharded"]["shards"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("bytes"), int):
             raise CheckpointError(f"{ckpt / MANIFEST_FILE}: malformed shard entry {quote(entry)} (needs file and bytes)")

@@ -58,6 +58,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from tierec.train.integrity import verify_checksums, write_checksums
+
 TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
@@ -115,6 +117,7 @@ def save_checkpoint(
     _fsync_file(tmp / TENSORS_FILE)
     record["_checkpoint"] = {"format": FORMAT_VERSION, "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size}
     _write_durably(tmp / META_FILE, json.dumps(record, indent=1))
+    write_checksums(tmp)  # last: covers every file of the checkpoint
     _fsync_dir(tmp)
 
     # 2. Publish with one rename (an older save of this same step is moved aside first).
@@ -178,6 +181,9 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
         ckpt = found
     if not ckpt.is_dir():
         raise CheckpointError(f"checkpoint {ckpt} does not exist")
+    problem = verify_checksums(ckpt)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {problem}")
 
     try:
         record = json.loads((ckpt / META_FILE).read_text())
@@ -203,6 +209,19 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {TENSORS_FILE} ({e})") from None
     return tensors, record
+
+
+def checkpoint_dirs(run_dir: Path | str) -> list[Path]:
+    """A run's checkpoint directories, newest first (``latest``'s first), to try in turn on resume."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    steps = _step_dirs(run_dir)[::-1]
+    try:
+        newest = latest_checkpoint(run_dir)
+    except CheckpointError:
+        newest = None
+    return ([newest] if newest is not None else []) + [p for p in steps if p != newest]
 
 
 def remove_checkpoints(run_dir: Path | str) -> None:

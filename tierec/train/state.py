@@ -14,7 +14,14 @@ from typing import Any
 
 from torch import Tensor
 
-from tierec.train.checkpoint import capture_rng_state, flatten_state, restore_rng_state, unflatten_state
+from tierec.train.checkpoint import (
+    CheckpointError,
+    capture_rng_state,
+    flatten_state,
+    restore_rng_state,
+    unflatten_state,
+)
+from tierec.train.integrity import validate_tensors
 from tierec.train.components import Components
 
 
@@ -37,11 +44,21 @@ def snapshot_state(parts: Components) -> tuple[dict[str, Tensor], Any]:
 
 
 def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
+    """Put a checkpoint's state into ``parts``; a checkpoint with bad values, or of another model, is a CheckpointError."""
+    problem = validate_tensors(tensors)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint values are invalid: {problem}")
     dense = {k: v for k, v in tensors.items() if "/" not in k}
-    state = unflatten_state(dense, skeleton)
-    parts.model.load_state_dict(state["model"])
-    parts.optimizer.load_state_dict(state["optimizer"])
-    restore_rng_state(state["rng"])
-    for name, coll in embedding_collections(parts):
-        prefix = f"{name}/"
-        coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+    try:
+        state = unflatten_state(dense, skeleton)
+        parts.model.load_state_dict(state["model"])
+        parts.optimizer.load_state_dict(state["optimizer"])
+        restore_rng_state(state["rng"])
+        for name, coll in embedding_collections(parts):
+            prefix = f"{name}/"
+            coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"the checkpoint does not fit this model and config ({first[:200]})") from None

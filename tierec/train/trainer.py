@@ -38,7 +38,7 @@ from tierec.distributed.checkpoint import load_any
 from tierec.store.monitor import StoreMonitor
 from tierec.train.checkpoint import CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
-from tierec.train.evaluate import evaluate, planted_auc
+from tierec.train.evaluate import evaluate, planted_auc, require_defined
 from tierec.train.state import restore_state, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
@@ -204,6 +204,7 @@ class Trainer:
         log.write({"kind": "final", **summary})
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
         return summary
 
     # ------------------------------------------------------------- pieces

@@ -244,6 +244,17 @@ def apply_omp_wait_policy(environ) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and code != 0:
+        # Run as a program and failing: leave now. Interpreter teardown with library threads (Arrow, numba,
+        # gloo) still alive could abort ("terminate called without an active exception", status 134).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
     from tierec.store.group import CacheCapacityError, StoreFullError

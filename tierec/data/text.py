@@ -138,8 +138,9 @@ class TextFile:
                 yield from self._segment(first, stop, report, strict, block_bytes)
                 return
             except _UndecodableRow as u:
-                bad = u.line - head - 1  # 0-based data line
-                yield from self._segment(u.resume_line - head - 1, bad, report, strict, block_bytes)  # its block's rows before it
+                resume = u.resume_line - head - 1  # 0-based data lines
+                bad = min(max(u.line - head - 1, resume), stop - 1)  # (after rows joined by a quote, only roughly)
+                yield from self.blocks(resume, bad, report, strict, block_bytes)  # its block's rows before it
                 _report([(u.line, f"not valid UTF-8 text, and not {len(self.names)} fields")], report, strict, self.display,
                         BlockParser(self.schema), None)  # fmt: skip
                 first = bad + 1
@@ -200,7 +201,15 @@ class TextFile:
             raise DataError(f"{self.display}: {quote(str(e).splitlines()[0], 160)}") from None
         finally:
             batches.close()
-        _report(list(tracker.invalid), report, strict, self.display, parser, None)  # rejected lines after the last row
+        trailing = list(tracker.invalid)
+        _report(trailing, report, strict, self.display, parser, None)  # rejected lines after the last row
+        joined = (stop + head + 1) - tracker.next_line - len(trailing)  # lines pyarrow read as part of other rows
+        if joined > 0:
+            message = f"{joined} line(s) joined into other rows (an unbalanced quote?); they were not read"
+            if strict:
+                raise strict_error(self.display, "line", tracker.next_line, message)
+            report.add(tracker.next_line, message)
+            report.count_more(joined - 1)
 
 
 _MAGIC = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed", b"\xfd7zXZ\x00": "xz-compressed",
@@ -253,6 +262,10 @@ class _UndecodableRow(Exception):
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
     line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first name
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{display}: the header line is not UTF-8 text: {quote(line)}") from None
     try:
         table = pacsv.read_csv(
             io.BytesIO(line),

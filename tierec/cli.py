@@ -109,18 +109,27 @@ def _print_summary(summary: dict) -> None:
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     from tierec.config import apply_override
     from tierec.data import open_source
-    from tierec.distributed.checkpoint import load_any
+    from tierec.distributed.checkpoint import is_sharded, load_any, resolve_checkpoint
+    from tierec.train.checkpoint import Checkpoint, find_checkpoint
     from tierec.train.components import Components
-    from tierec.train.state import restore_state
+    from tierec.train.state import restore_checkpoint, restore_state
 
-    tensors, meta = load_any(checkpoint)  # single-process or sharded (any number of ranks)
+    ckpt = resolve_checkpoint(checkpoint) or find_checkpoint(checkpoint)  # the latter raises the one-line error
+    if is_sharded(ckpt):  # the previous sharded format, read whole
+        loaded, (tensors, meta) = None, load_any(ckpt)
+    else:  # saved on any number of processes; rows are read a chunk at a time
+        loaded = Checkpoint(ckpt)
+        meta = loaded.meta
     cfg_dict = meta["config"]
     for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
         apply_override(cfg_dict, o)
     cfg: Config = from_dict(Config, cfg_dict)
     probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
     parts = Components.build(cfg, probe.feature_names, probe.n_dense)
-    restore_state(parts, tensors, meta["state"])
+    if loaded is None:
+        restore_state(parts, tensors, meta["state"])
+    else:
+        restore_checkpoint(parts, loaded)
     return cfg, parts
 
 

@@ -41,10 +41,10 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.data import loss_scale, slice_batch
 from tierec.distributed.health import Heartbeat
 from tierec.distributed.sharded import ShardedEmbeddingCollection
-from tierec.train.checkpoint import load_checkpoint
+from tierec.train.checkpoint import Checkpoint
 from tierec.train.components import Components
 from tierec.train.metrics import EvalAccumulator
-from tierec.train.state import restore_state, snapshot_state
+from tierec.train.state import restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.trainer import MetricsLog, Position, Trainer
 
 FAIL_ENV = "TIEREC_TEST_FAIL_AT"  # "rank:step": that rank exits abruptly before that step (fault tests)
@@ -150,7 +150,7 @@ class DistributedTrainer(Trainer):
 
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        save_sharded(self.ctx, ckpt_dir, pos.step, tensors, meta)
+        save_sharded(self.ctx, ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts))  # rows streamed
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
         ckpt = resolve_checkpoint(ckpt_dir)
@@ -164,9 +164,10 @@ class DistributedTrainer(Trainer):
                     restore_state(parts, shard, meta["state"])
                 else:
                     _load_rows(parts, shard)
-        else:
-            tensors, meta = load_checkpoint(ckpt)
-            restore_state(parts, tensors, meta["state"])
+        else:  # saved on any number of processes: every rank reads every chunk, keeps its rows
+            loaded = Checkpoint(ckpt)
+            restore_checkpoint(parts, loaded, self.ctx.rank, self.ctx.world_size)
+            meta = loaded.meta
         pos = Position(**meta["position"])
         self._steps_run = pos.step
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.ctx.world_size} ranks")

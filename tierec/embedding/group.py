@@ -184,20 +184,56 @@ class TableGroup:
 
     # ------------------------------------------------------------ state
 
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """The rows of table ``t`` as plain tensors: ids [n], weights [n, D], state [n, ...]."""
-        rows, ids = self.index.ids_of(t)
+    # Checkpoints stream a table as row records in bounded chunks: ``iter_records``
+    # yields them, ``write_records`` takes them back (insert or overwrite), and the
+    # table's few non-row tensors travel apart (``table_meta`` / ``load_table_meta``).
+    # ``table_state`` / ``load_table_state`` are the whole table at once (small tables, tests).
+
+    def row_extent(self) -> int:
+        """Row numbers in use lie in ``[0, row_extent())`` (holes allowed)."""
+        return self.index.num_rows
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        """Rows [n] int64 of table ``t`` among row numbers ``[lo, hi)``, ascending."""
+        return lo + np.flatnonzero(self.index.row_tabs[lo:hi] == t)
+
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Row records of ``rows`` (all of table ``t``): ids [n], weights [n, D], opt.* [n, ...]."""
         r = torch.from_numpy(rows).to(self.device)
-        out = {"ids": torch.from_numpy(ids.copy()), "weights": self.weights.index_select(0, r).cpu()}
+        out = {"ids": torch.from_numpy(self.index.row_keys[rows]), "weights": self.weights.index_select(0, r).cpu()}
         for name, s in self.state.items():
             out[f"opt.{name}"] = s.index_select(0, r).cpu()
         return out
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        extent = self.row_extent()
+        for lo in range(0, extent, max(int(max_rows), 1)):
+            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
+            if rows.size:
+                yield self.records(t, rows)
+
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        """Non-row state of table ``t`` (counters, clocks); none for a plain group."""
+        return {}
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Put back what ``table_meta`` gave (extra keys are ignored)."""
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of one chunk of ``iter_records`` output."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         tabs = np.full(ids.shape[0], t, dtype=np.int32)
         rows = self.lookup(ids, tabs, insert=True).to(self.device)
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        self.load_table_meta(t, sd)
+        self.write_records(t, sd)

@@ -478,28 +478,25 @@ class PrunedGroup(TableGroup):
 
     # ------------------------------------------------------------------- state
 
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """Rows of table ``t`` with their own dims, compactly.
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Records of ``rows`` (all of table ``t``) with their own dims, compactly.
 
         ``ids`` [n], ``dims`` [n] int32, ``chunked.weights`` [sum(dims)] (each row's
         prefix, rows in order), ``chunked.opt.<name>`` likewise for per-dim state,
         ``opt.<name>`` [n] per-row state, ``chunked.importance`` [sum(dims)/c],
-        ``next_importance`` [n], ``pruned_chunks`` / ``regrown_chunks`` / ``evicted_rows`` counters.
+        ``next_importance`` [n], ``access_count`` [n].
         """
-        rows, ids = self.index.ids_of(t)
+        ids = self.index.row_keys[rows]
         live = self.live_chunks(rows)
         dmask = np.arange(self.dim) < (live * self.chunk)[:, None]  # [n, D]
         cmask = np.arange(self.n_pos) < live[:, None]  # [n, K]
         out = {
-            "ids": torch.from_numpy(ids.copy()),
+            "ids": torch.from_numpy(ids),
             "dims": torch.from_numpy((live * self.chunk).astype(np.int32)),
             "chunked.weights": torch.from_numpy(self._gather_dense("weights", rows)[dmask]),
             "chunked.importance": torch.from_numpy(self.chunks.importance[self.cmap[rows][cmask]].copy()),
             "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
             "access_count": torch.from_numpy(self.count[rows].copy() if self.shrinkage else np.zeros(rows.shape[0], np.float32)),
-            "pruned_chunks": torch.tensor(int(self.pruned[t])),
-            "regrown_chunks": torch.tensor(int(self.regrown[t])),
-            "evicted_rows": torch.tensor(int(self.evicted[t])),
         }
         for n in self.chunks.dim_state:
             out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_dense(n, rows)[dmask])
@@ -507,8 +504,22 @@ class PrunedGroup(TableGroup):
             out[f"opt.{n}"] = s[torch.from_numpy(rows)].clone()
         return out
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) rows from ``table_state`` output; a TableGroup's (full-dim) state loads too."""
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        """``pruned_chunks`` / ``regrown_chunks`` / ``evicted_rows`` counters of table ``t``."""
+        return {
+            "pruned_chunks": torch.tensor(int(self.pruned[t])),
+            "regrown_chunks": torch.tensor(int(self.regrown[t])),
+            "evicted_rows": torch.tensor(int(self.evicted[t])),
+        }
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
+        if "pruned_chunks" in sd:
+            self.pruned[t] = int(sd["pruned_chunks"])
+            self.regrown[t] = int(sd["regrown_chunks"])
+            self.evicted[t] = int(sd["evicted_rows"])
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) rows from ``records`` output; a TableGroup's (full-dim) records load too."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).numpy()
         dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
@@ -533,9 +544,6 @@ class PrunedGroup(TableGroup):
             self.next_imp[rows] = sd["next_importance"].numpy()
             if self.shrinkage and "access_count" in sd:
                 self.count[rows] = sd["access_count"].numpy()
-            self.pruned[t] = int(sd["pruned_chunks"])
-            self.regrown[t] = int(sd["regrown_chunks"])
-            self.evicted[t] = int(sd["evicted_rows"])
 
     def close(self) -> None:
         """Close the tiered pool's disk file (a no-op in memory)."""

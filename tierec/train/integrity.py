@@ -109,14 +109,14 @@ def validate_tensors(tensors: Mapping[str, Tensor]) -> str | None:
         if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             return f"tensor {name} holds {bad} NaN or infinite value(s)"
-        if name.endswith(".ids") and t.numel():
+        if (name == "ids" or name.endswith(".ids")) and t.numel():
             if t.dtype.is_floating_point or t.dim() != 1:
                 return f"tensor {name} is not a 1-d integer tensor of ids"
             if bool((t < 0).any()):
                 return f"tensor {name} holds negative ids (e.g. {int(t[t < 0][0])})"
             if torch.unique(t).numel() != t.numel():
                 return f"tensor {name} holds {t.numel() - torch.unique(t).numel()} duplicate id(s)"
-            rows = tensors.get(name[: -len(".ids")] + ".weights")
+            rows = tensors.get(name[: -len("ids")] + "weights")
             if rows is not None and rows.shape[0] != t.numel():
                 return f"tensor {name} has {t.numel()} ids but its weights have {rows.shape[0]} rows"
     return None

@@ -34,12 +34,12 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import load_any
+from tierec.distributed.checkpoint import is_sharded, load_any
 from tierec.store.monitor import StoreMonitor
-from tierec.train.checkpoint import CheckpointError, checkpoint_dirs, save_checkpoint
+from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc, require_defined
-from tierec.train.state import restore_state, snapshot_state
+from tierec.train.state import restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
 
@@ -79,13 +79,12 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
 
-def load_newest_intact(ckpt_dir: Path, restore: Callable[[dict, dict], None], echo: Callable[[str], None]) -> dict:
+def load_newest_intact(ckpt_dir: Path, restore: Callable[[Path], dict], echo: Callable[[str], None]) -> dict:
     """Restore the newest checkpoint that loads whole; a corrupt newer one is reported and skipped. Returns its meta."""
     failures: list[str] = []
     for ckpt in checkpoint_dirs(ckpt_dir):
         try:
-            tensors, meta = load_any(ckpt)  # single-process or sharded
-            restore(tensors, meta)
+            meta = restore(ckpt)
         except CheckpointError as e:
             failures.append(str(e))
             echo(f"{e}; trying an older checkpoint")
@@ -282,13 +281,22 @@ class Trainer:
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        save_checkpoint(ckpt_dir, pos.step, tensors, meta)
+        save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts))  # rows streamed in chunks
+
+    def _restore_from(self, parts: Components, ckpt: Path) -> dict:
+        if is_sharded(ckpt):  # the previous sharded format
+            tensors, meta = load_any(ckpt)
+            restore_state(parts, tensors, meta["state"])
+            return meta
+        loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
+        restore_checkpoint(parts, loaded)
+        return loaded.meta
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
         if not checkpoint_dirs(ckpt_dir):
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        meta = load_newest_intact(ckpt_dir, lambda t, m: restore_state(parts, t, m["state"]), self.echo)
+        meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
         return pos

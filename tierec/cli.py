@@ -15,6 +15,7 @@ distributed job with exit status 3.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -74,7 +75,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = (resume_config(run_dir, args.config, _overrides(args)) if args.resume else None) or _config(args)
     if not args.progress:
         cfg.train.progress = False
-    check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
+    if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
+        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
     preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.distributed.launch import run_train
@@ -289,6 +291,25 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("tierec: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only disk full and out of memory are turned into one line
+        message = resource_error(e)
+        if message is None:
+            raise
+        print(f"tierec: error: {message}", file=sys.stderr)
+        return 2
+
+
+def resource_error(e: BaseException) -> str | None:
+    """One line for running out of disk or memory (any layer's exception); None for anything else."""
+    text = str(e)
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left" in text or "code: 28" in text:
+        where = getattr(e, "filename", None) or "a file"
+        return (f"disk full while writing {where} ({text.splitlines()[0][:160] if text else 'ENOSPC'}); "
+                "free space there, then continue with --resume (the last complete checkpoint is intact)")
+    if isinstance(e, MemoryError) or "can't allocate memory" in text or "not enough memory" in text:
+        return (f"out of memory ({text.splitlines()[0][:160] if text else 'MemoryError'}); "
+                "lower train.batch_size or the model size")
+    return None
 
 
 if __name__ == "__main__":

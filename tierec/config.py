@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 
 def _positive_rate(value: float, key: str) -> None:
     if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key} must be a finite number > 0, got {value}")
+        raise ConfigError(f"{key} must be positive and finite, got {value}")
 
 
 class StrEnum(str, enum.Enum):

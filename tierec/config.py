@@ -252,6 +252,10 @@ class TrainConfig:
     # A NaN or infinite training loss: "stop" ends the run with an error (its last checkpoint
     # stays, so it can be resumed, e.g. with a lower rate); "continue" trains on.
     nan_policy: str = "stop"
+    # The dense model's arithmetic (tierec/train/precision.py): auto = bf16 autocast where the
+    # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
+    precision: str = "auto"  # auto | fp32 | bf16
+    compile: str = "auto"  # torch.compile the dense model: auto | on | off
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -264,6 +268,10 @@ class TrainConfig:
         _positive_rate(self.dense_lr, "train.dense_lr")
         if self.nan_policy not in {"stop", "continue"}:
             raise ConfigError(f"train.nan_policy {self.nan_policy!r} is not one of stop, continue")
+        if self.precision not in {"auto", "fp32", "bf16"}:
+            raise ConfigError(f"train.precision {self.precision!r} is not one of auto, fp32, bf16")
+        if self.compile not in {"auto", "on", "off"}:
+            raise ConfigError(f"train.compile {self.compile!r} is not one of auto, on, off")
         if self.dense_optimizer not in {"adam", "adagrad", "sgd"}:
             raise ConfigError(f"train.dense_optimizer {self.dense_optimizer!r} is not one of adam, adagrad, sgd")
 

@@ -301,7 +301,7 @@ class StoreConfig:
     Sizes are bytes or human sizes ("2GiB", "512MB"). ``memory_budget`` bounds the
     rows held in RAM (fast tier + host tier) of all tables without their own
     entry in ``tables``, split between the table groups by row size; the
-    directory of ids (about 45 bytes per id) comes on top. A table that outgrows
+    directory of ids (about 21 bytes per id, docs/scale.md) comes on top. A table that outgrows
     its budget spills to ``disk_path``. See tierec/store/ and docs/performance.md.
     """
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import tomllib
 import types
 import typing
@@ -22,6 +23,11 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A configuration problem, reported as one line to the user."""
+
+
+def _positive_rate(value: float, key: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key} must be positive and finite, got {value}")
 
 
 class StrEnum(str, enum.Enum):
@@ -173,6 +179,8 @@ class DataConfig:
             raise ConfigError("data.split_key needs data.split = \"hash\"")
         if self.shuffle_buffer < 1 or self.shuffle_chunk_rows < 1:
             raise ConfigError("data.shuffle_buffer and data.shuffle_chunk_rows must be >= 1")
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"data.prefetch_batches must be >= 1, got {self.prefetch_batches}")
 
 
 # ------------------------------------------------------------------------ embedding
@@ -190,8 +198,11 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         self.kind = OptimizerKind.parse(self.kind)
-        if self.lr <= 0:
-            raise ConfigError(f"embedding.optimizer.lr must be positive, got {self.lr}")
+        _positive_rate(self.lr, "embedding.optimizer.lr")
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ConfigError(f"embedding.optimizer.eps must be a finite number >= 0, got {self.eps}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"embedding.optimizer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
 
 
 @dataclass(kw_only=True)
@@ -269,6 +280,9 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True
     device: str = "cpu"
+    # A NaN or infinite training loss: "stop" ends the run with an error (its last checkpoint
+    # stays, so it can be resumed, e.g. with a lower rate); "continue" trains on.
+    nan_policy: str = "stop"
     # The dense model's arithmetic (tierec/train/precision.py): auto = bf16 autocast where the
     # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
     precision: str = "auto"  # auto | fp32 | bf16
@@ -281,6 +295,14 @@ class TrainConfig:
             raise ConfigError("train.eval_every and train.early_stop_patience must be >= 0")
         if self.early_stop_patience and not self.eval_every:
             raise ConfigError("train.early_stop_patience counts evaluations: set train.eval_every too")
+        if self.epochs <= 0:
+            raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
+        for key in ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        _positive_rate(self.dense_lr, "train.dense_lr")
+        if self.nan_policy not in {"stop", "continue"}:
+            raise ConfigError(f"train.nan_policy {self.nan_policy!r} is not one of stop, continue")
         if self.precision not in {"auto", "fp32", "bf16"}:
             raise ConfigError(f"train.precision {self.precision!r} is not one of auto, fp32, bf16")
         if self.compile not in {"auto", "on", "off"}:
@@ -474,6 +496,13 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        if self.prune.enabled:
+            dims = [self.embedding.dim] + [t.dim for t in self.embedding.tables if t.dim]
+            for key in ("min_dim", "init_dim"):
+                if getattr(self.prune, key) > min(dims):
+                    raise ConfigError(f"prune.{key} = {getattr(self.prune, key)} is larger than the embedding dim {min(dims)}")
 
 
 # --------------------------------------------------------------------- loading

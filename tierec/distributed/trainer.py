@@ -173,6 +173,14 @@ class DistributedTrainer(Trainer):
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.ctx.world_size} ranks")
         return pos
 
+    def _stop_requested(self) -> int | None:
+        """A signal seen by any rank stops every rank after the same step (one tiny all-reduce per step)."""
+        if self.stop is None:
+            return None
+        t = torch.tensor([self.stop.requested or 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.dense_group)
+        return int(t) or None
+
     def close(self) -> None:
         for coll in self._collections(self._parts):
             coll.close()

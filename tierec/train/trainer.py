@@ -19,6 +19,7 @@ optimizer state, dense model and optimizer, RNG) is in the checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -33,14 +34,15 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import is_sharded, load_any, resolve_checkpoint
+from tierec.distributed.checkpoint import is_sharded, load_any
 from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
-from tierec.train.checkpoint import Checkpoint, latest_checkpoint, save_checkpoint
+from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
 from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.state import restore_checkpoint, restore_state, row_chunks, snapshot_state
+from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
 
 
@@ -82,6 +84,22 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
 
+def load_newest_intact(ckpt_dir: Path, restore: Callable[[Path], dict], echo: Callable[[str], None]) -> dict:
+    """Restore the newest checkpoint that loads whole; a corrupt newer one is reported and skipped. Returns its meta."""
+    failures: list[str] = []
+    for ckpt in checkpoint_dirs(ckpt_dir):
+        try:
+            meta = restore(ckpt)
+        except CheckpointError as e:
+            failures.append(str(e))
+            echo(f"{e}; trying an older checkpoint")
+            continue
+        if failures:
+            echo(f"resuming from {ckpt.name}, the newest intact checkpoint")
+        return meta
+    raise CheckpointError(f"no intact checkpoint in {ckpt_dir} ({len(failures)} tried; newest: {failures[0]})")
+
+
 class Trainer:
     is_main = True  # prints progress and writes run files (rank 0 of a distributed job)
 
@@ -93,6 +111,7 @@ class Trainer:
         self.resume = resume
         self.echo = echo
         self._validated_at = -1  # step of the latest validation
+        self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
 
     # ------------------------------------------------------------------ fit
 
@@ -137,6 +156,7 @@ class Trainer:
                 for batch in store.wrap(self._batches(loader)):
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
+                    self._check_loss(last_loss, pos, ckpt_dir)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
                     if pruning:
                         parts.pruner.step()  # its cost counts in the throughput
@@ -159,6 +179,8 @@ class Trainer:
                             (bar.write if bar is not None else self.echo)(f"step {pos.step}: early stop, no better validation AUC in {pos.evals_since_best} evaluations")
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
                         self._save(parts, ckpt_dir, pos)
+                    if self._stop_requested():
+                        self._interrupt(parts, ckpt_dir, pos, bar, log)
                     if done or pos.step >= total:
                         done = True
                         break
@@ -208,6 +230,28 @@ class Trainer:
 
     # ------------------------------------------------------------- pieces
     # (tierec.distributed.trainer.DistributedTrainer overrides these for a multi-process job)
+
+    def _stop_requested(self) -> int | None:
+        """The signal that asked the run to stop (all ranks agree in a job), or None."""
+        return self.stop.requested if self.stop is not None else None
+
+    def _interrupt(self, parts: Components, ckpt_dir: Path, pos: Position, bar: tqdm, log: MetricsLog) -> None:
+        signum = self._stop_requested()
+        bar.close()
+        self._save(parts, ckpt_dir, pos)
+        log.write({"kind": "interrupted", "step": pos.step, "signal": signum})
+        raise Interrupted(signum, f"interrupted at step {pos.step}; checkpoint saved in {ckpt_dir}; "
+                                  f"continue with `tierec train --run-dir {self.run_dir} --resume`")
+
+    def _check_loss(self, loss: float, pos: Position, ckpt_dir: Path) -> None:
+        if math.isfinite(loss) or self.cfg.train.nan_policy != "stop":
+            return
+        kept = checkpoint_dirs(ckpt_dir)
+        where = f"it resumes from {kept[0].name}" if kept else "no checkpoint was written yet"
+        raise TrainingDiverged(
+            f"step {pos.step + 1}: the training loss is {loss}; stopped (train.nan_policy = \"stop\"); {where}; "
+            "a lower embedding.optimizer.lr or train.dense_lr usually helps"
+        )
 
     def _build(self, probe) -> Components:
         return Components.build(self.cfg, probe.feature_names, probe.n_dense)
@@ -281,18 +325,20 @@ class Trainer:
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
         save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts))  # rows streamed in chunks
 
-    def _load(self, parts: Components, ckpt_dir: Path) -> Position:
-        if latest_checkpoint(ckpt_dir) is None:
-            self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
-            return Position()
-        ckpt = resolve_checkpoint(ckpt_dir)
+    def _restore_from(self, parts: Components, ckpt: Path) -> dict:
         if is_sharded(ckpt):  # the previous sharded format
             tensors, meta = load_any(ckpt)
             restore_state(parts, tensors, meta["state"])
-        else:  # saved on any number of processes; rows read a chunk at a time
-            loaded = Checkpoint(ckpt)
-            restore_checkpoint(parts, loaded)
-            meta = loaded.meta
+            return meta
+        loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
+        restore_checkpoint(parts, loaded)
+        return loaded.meta
+
+    def _load(self, parts: Components, ckpt_dir: Path) -> Position:
+        if not checkpoint_dirs(ckpt_dir):
+            self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
+            return Position()
+        meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
         return pos

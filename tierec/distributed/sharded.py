@@ -50,8 +50,9 @@ from tierec.config import DistConfig
 from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Exchange, Traffic, all_to_all, off_rank_bytes, owner_of
 from tierec.distributed.hot import HotReplica
-from tierec.embedding.collection import EmbeddingCollection, _group_inputs, _GroupPlan, _select
-from tierec.embedding.group import TableGroup
+from tierec.embedding.collection import EmbeddingCollection
+from tierec.embedding.plan import GroupPlan, group_inputs, select_features
+from tierec.embedding.storage import RowStorage
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
@@ -90,9 +91,9 @@ class _Served:
 class _GroupShard:
     """The sharded exchange of one table group: owner shard, hot replica, traffic counters."""
 
-    def __init__(self, plan: _GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
+    def __init__(self, plan: GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
         self.plan = plan
-        self.owner: TableGroup = plan.group
+        self.owner: RowStorage = plan.group
         self.n_tables = len(self.owner.tables)
         self.ctx = ctx
         self.cfg = cfg
@@ -154,19 +155,18 @@ class _GroupShard:
         recv_tabs = np.repeat(np.tile(np.arange(t, dtype=np.int32), w), recv_counts.reshape(-1))  # [M]
         okeys, otabs, oinv = self._dedupe(recv_keys, recv_tabs)
         orows = self.owner.lookup(okeys, otabs, insert=train)  # [U_o]
-        known = orows >= 0
-        vals = self.owner.weights.index_select(0, orows.clamp(min=0).to(self.owner.device)).cpu()  # [U_o, D]
+        vals = self.owner.weights.indexselect_features(0, orows.clamp(min=0).to(self.owner.device)).cpu()  # [U_o, D]
         if not bool(known.all()):
             vals[~known] = 0.0  # unknown ids at evaluation read as zeros, as in the single process
         oinv_t = torch.from_numpy(oinv)
         recv_splits = recv_counts.sum(1).tolist()
         t0 = time.perf_counter()
-        rows = all_to_all(vals.index_select(0, oinv_t), recv_splits, req.send_splits, self.ctx.sparse_group).out
+        rows = all_to_all(vals.indexselect_features(0, oinv_t), recv_splits, req.send_splits, self.ctx.sparse_group).out
         self.traffic.add("rows", off_rank_bytes(recv_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
         emb = torch.empty(req.keys.shape[0], d)  # [U, D]
         emb[torch.from_numpy(req.cold_pos)] = rows
         if req.hot_pos.size:
-            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.weights.index_select(0, torch.from_numpy(req.hot_rows)).cpu()
+            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.weights.indexselect_features(0, torch.from_numpy(req.hot_rows)).cpu()
         if train:
             self.hot.count(req.keys, req.tabs)
         return _Served(req, recv_splits, orows, oinv_t), emb
@@ -176,12 +176,12 @@ class _GroupShard:
     def backward(self, served: _Served, grad: Tensor) -> None:  # grad [U, D], already divided by W
         req, d = served.request, self.owner.dim
         t0 = time.perf_counter()
-        cold = grad.index_select(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
+        cold = grad.indexselect_features(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
         recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, D]
         self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
         summed = torch.zeros(served.owner_rows.shape[0], d).index_add_(0, served.owner_inverse, recv)  # [U_o, D]
         self.owner.update(served.owner_rows.to(self.owner.device), summed.to(self.owner.device))
-        self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
+        self.hot.backward(req.hot_rows, grad.indexselect_features(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1
         if self.counts_steps:  # one step per collection, not per group
             self.traffic.steps += 1
@@ -209,7 +209,7 @@ class _ShardedPool(torch.autograd.Function):
                           backward_chunks(dim), grad.numpy())
         if shard.ctx.world_size > 1:
             grad.mul_(1.0 / shard.ctx.world_size)
-        shard.backward(served, grad)
+        shard.backward(served, grad, np.bincount(layout.inverse, minlength=u).astype(np.float32))
         return None, None, None, None, None
 
 
@@ -244,7 +244,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.feature_names = local.feature_names
         self.tables = local.tables
         self.traffic = Traffic()
-        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local._plans)]
+        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local.plans)]
         self._pending: deque[_Pending] = deque()
         self._anchor = torch.zeros((), requires_grad=True)
 
@@ -256,7 +256,7 @@ class ShardedEmbeddingCollection(nn.Module):
         return cls(EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device), ctx, cfg)
 
     @property
-    def groups(self) -> list[TableGroup]:
+    def groups(self) -> list[RowStorage]:
         return self.local.groups
 
     @property
@@ -268,7 +268,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _group_keys(self, shard: _GroupShard, sparse: SparseFeatures):
         if sparse.batch_size == 0:  # this rank's slice of a global batch smaller than the job
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32)
-        values, offsets, lengths = _group_inputs(sparse, shard.plan.features)
+        values, offsets, lengths = group_inputs(sparse, shard.plan.features)
         tabs = np.repeat(shard.plan.feature_table, lengths)
         return values.numpy(), offsets.numpy(), tabs
 
@@ -280,7 +280,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if not (self.cfg.overlap and self.ctx.is_distributed):
             return
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
+            sparse = select_features(sparse, self.feature_names)
         reqs = []
         for shard in self.shards:
             keys, _, tabs = self._group_keys(shard, sparse)
@@ -320,7 +320,7 @@ class ShardedEmbeddingCollection(nn.Module):
             return outs[0]
         order = [f for plan in plans for f in plan.features]
         perm = torch.from_numpy(np.argsort(order))
-        return torch.cat(outs, dim=1).index_select(1, perm)
+        return torch.cat(outs, dim=1).indexselect_features(1, perm)
 
     def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
@@ -332,7 +332,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _forward_groups(self, sparse: SparseFeatures) -> list[Tensor]:
         prefetched = self._take_pending(sparse)
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
+            sparse = select_features(sparse, self.feature_names)
         train = self.training and torch.is_grad_enabled()
         b = sparse.batch_size
         outs = []

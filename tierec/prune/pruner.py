@@ -27,20 +27,19 @@ budget, so the bytes really fall.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 import torch
 
 from tierec.config import ConfigError, PruneConfig
-from tierec.embedding import EmbeddingCollection, TableConfig, TableGroup
+from tierec.embedding import EmbeddingCollection, TableConfig
+from tierec.embedding.storage import StorageFactory
 from tierec.prune.group import PrunedGroup
 
 
-def pruned_group_factory(cfg: PruneConfig) -> Callable[[list[TableConfig], int, torch.device | str], TableGroup]:
+def pruned_group_factory(cfg: PruneConfig) -> StorageFactory:
     """An EmbeddingCollection ``group_factory`` that stores every group as chunks."""
 
-    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
+    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> PrunedGroup:
         check_chunk_dim(tables, cfg)
         return PrunedGroup(tables, cfg, seed=seed, device=device)
 
@@ -68,7 +67,7 @@ class PruneStep:
 class Pruner:
     def __init__(self, collection: EmbeddingCollection, cfg: PruneConfig) -> None:
         self.collection = collection
-        self.groups = [g for g in collection.groups if isinstance(g, PrunedGroup)]
+        self.groups = [p for p in (g.pruning() for g in collection.groups) if p is not None]
         self.cfg = cfg
         self.compactions = 0
         self.last: PruneStep | None = None
@@ -95,11 +94,11 @@ class Pruner:
         # per-row state is paid by every row kept; with eviction only rows keeping a chunk are kept
         evict = cfg.evict_empty_rows
         pool_target = target if evict else target - sum(g.row_state_bytes() for g in self.groups)
-        row_bytes = [g.row_state_bytes() // max(g.num_rows, 1) if evict else 0 for g in self.groups]
+        row_bytes = [g.row_bytes() if evict else 0 for g in self.groups]
         # 1. keep-scores of every chunk position, per group
         scores = [g.keep_scores(cfg.min_dim // cfg.chunk, cfg.regrow, cfg.regrow_margin) for g in self.groups]
         # 2. the most important positions that fit, across all groups
-        sizes = [g.chunks.bytes_per_chunk() for g in self.groups]
+        sizes = [g.chunk_bytes() for g in self.groups]
         counts, tau = select(scores, sizes, pool_target, [g.tie_keys() for g in self.groups], row_bytes)
         pruned = regrown = 0
         for g, c in zip(self.groups, counts):
@@ -113,10 +112,7 @@ class Pruner:
         # 5. compact pools that are mostly free, or all of them while over the budget
         over = self.allocated_value_bytes() > target
         for g in self.groups:
-            pool = g.chunks
-            if pool.num_free and (over or pool.num_free >= cfg.compact_free_fraction * pool.capacity):
-                g.compact()
-                self.compactions += 1
+            self.compactions += g.maybe_compact(over, cfg.compact_free_fraction)
         self.last = PruneStep(
             threshold=tau, pruned=pruned, regrown=regrown, value_bytes=self.allocated_value_bytes(), target_bytes=target
         )

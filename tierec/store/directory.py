@@ -30,7 +30,7 @@ import numba as nb
 import numpy as np
 
 from tierec.embedding.kernels import key_hash
-from tierec.store.sizes import release_free_memory
+from tierec.sizes import release_free_memory
 
 MAX_LOAD = 0.75
 

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, load_config
+from tierec.paths import check_no_alias
+from tierec.train.preflight import preflight
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -37,11 +39,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="treat a malformed data row as an error instead of skipping it")
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    return list(args.overrides) + (["data.strict=true"] if args.strict else [])
+
+
 def _config(args: argparse.Namespace) -> Config:
-    overrides = list(args.overrides)
-    if args.strict:
-        overrides.append("data.strict=true")
-    return load_config(args.config, overrides)
+    return load_config(args.config, _overrides(args))
 
 
 def _human_bytes(n: float) -> str:
@@ -56,17 +59,26 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from tierec.train.rundir import check_run_dir, claim_run_dir, resume_config
     from tierec.train.trainer import Trainer
 
-    cfg = _config(args)
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues a run and --overwrite starts it over: choose one")
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg = (resume_config(run_dir, args.config, _overrides(args)) if args.resume else None) or _config(args)
     if not args.progress:
         cfg.train.progress = False
+    check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
+    preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.distributed.launch import run_train
 
-        return run_train(cfg, run_dir, resume=args.resume, nproc=args.nproc, argv=args.argv, report=_print_summary)
-    _print_summary(Trainer(cfg, run_dir, resume=args.resume).fit())
+        return run_train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, argv=args.argv,
+                         report=_print_summary)  # fmt: skip
+    with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite):
+        _print_summary(Trainer(cfg, run_dir, resume=args.resume).fit())
     return 0
 
 
@@ -119,6 +131,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tierec.train.evaluate import predict
 
     cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
+    check_no_alias(args.out, [cfg.data.source, cfg.data.test_source, args.checkpoint], "predict --out", "data or checkpoint")
     n = predict(cfg, parts, args.split, args.out)
     print(f"wrote {n} scores to {args.out}")
     return 0
@@ -149,7 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model (default: DLRM on built-in synthetic Criteo-shaped data)")
     _add_config_args(p)
     p.add_argument("--run-dir", metavar="DIR", help="where config, metrics, checkpoints and summary go (default runs/<time>)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="continue from the newest intact checkpoint in --run-dir, with the run's own config.toml; --set may then "
+             "change only train.max_steps, train.epochs, train.eval_every, train.eval_batches, train.checkpoint_every, "
+             "train.progress, train.threads, train.nan_policy, data.strict, data.prefetch_batches, dist.timeout_s, "
+             "dist.heartbeat_s",
+    )  # fmt: skip
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a --run-dir that holds a run (deletes only the files tierec wrote there)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train on N local processes (re-launches itself under torchrun; see docs/distributed.md)")

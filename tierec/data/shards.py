@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +37,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from tierec.config import DataConfig, to_dict
+from tierec.config import ConfigError, DataConfig, to_dict
 from tierec.data.blocks import RowBlock, concat_slices
 from tierec.data.errors import DataError, NoSplitError, ProblemReport
+from tierec.paths import check_no_alias, safe_member
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "tierec-shards"
 FORMAT_VERSION = 1
 RECORD_ROWS = 65536  # rows per record batch inside a shard
+_SHARD_NAME = re.compile(r"[a-z]+-\d{5}\.arrow")  # what _write_split names shards
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ class Manifest:
             splits = {
                 name: SplitInfo(
                     int(s["rows"]),
-                    [ShardInfo(str(x["file"]), int(x["rows"])) for x in s["shards"]],
+                    [ShardInfo(safe_member(x["file"], where), int(x["rows"])) for x in s["shards"]],
                     ProblemReport.from_dict(s["problems"]) if s.get("problems") else None,
                 )
                 for name, s in d["splits"].items()
@@ -117,54 +121,113 @@ class Manifest:
                 tuple(d["feature_names"]), tuple(d["dense_names"]), tuple(d["multi_hot"]), int(d["rows_per_shard"]),
                 dict(d["source"]), dict(d["data_config"]), splits,
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"{where}: malformed manifest ({e})") from None
+        except DataError:
+            raise
+        except ConfigError as e:  # a file name outside the directory
+            raise DataError(str(e)) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise DataError(f"{where}: malformed manifest ({what})") from None
 
 
 def preprocess(cfg: DataConfig, out_dir: str | Path, rows_per_shard: int = 1 << 20, progress: bool = True) -> Manifest:
-    """Write the train and test splits of ``cfg``'s source as shards in ``out_dir``."""
+    """Write the train and test splits of ``cfg``'s source as shards in ``out_dir``.
+
+    The shards are written into a hidden sibling directory and swapped in only
+    once every shard and the manifest are written: until then an older shard set
+    in ``out_dir`` stays whole, and a failed run (a ``--strict`` error, a full
+    disk) leaves it as it was. ``out_dir`` must be new, empty, or a shard
+    directory holding only files its manifest lists; a file tierec did not
+    write is never deleted.
+    """
     from tierec.data.source import infer_format, open_source  # source.py reads shards: import late
 
     if rows_per_shard <= 0:
         raise DataError(f"rows_per_shard must be positive, got {rows_per_shard}")
     out = Path(out_dir)
-    _prepare_dir(out)
+    check_no_alias(out, [cfg.source, cfg.test_source], "preprocess --out", "data.source")
+    old = _replaceable(out)  # before the long write: a directory we may not replace fails now
     record_rows = min(RECORD_ROWS, rows_per_shard)
     manifest: Manifest | None = None
-    for split in ("train", "test"):
-        try:
-            src = open_source(cfg, split, batch_size=record_rows)
-        except NoSplitError:
-            continue
-        if manifest is None:
-            manifest = Manifest(
-                src.feature_names, src.dense_names, src.multi_hot, rows_per_shard,
-                {"source": cfg.source, "format": infer_format(cfg.source, cfg.format), "test_source": cfg.test_source},
-                to_dict(cfg),
-            )  # fmt: skip
-        info = _write_split(src, out, split, rows_per_shard, progress)
-        manifest.splits[split] = info
-    assert manifest is not None  # the train split always exists
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(manifest.to_json())
-    os.replace(tmp, out / MANIFEST)  # the manifest appears only once every shard is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(out, "tmp")
+    tmp.mkdir()
+    try:
+        for split in ("train", "test"):
+            try:
+                src = open_source(cfg, split, batch_size=record_rows)
+            except NoSplitError:
+                continue
+            if manifest is None:
+                manifest = Manifest(
+                    src.feature_names, src.dense_names, src.multi_hot, rows_per_shard,
+                    {"source": cfg.source, "format": infer_format(cfg.source, cfg.format), "test_source": cfg.test_source},
+                    to_dict(cfg),
+                )  # fmt: skip
+            info = _write_split(src, tmp, split, rows_per_shard, progress)
+            manifest.splits[split] = info
+        assert manifest is not None  # the train split always exists
+        (tmp / MANIFEST).write_text(manifest.to_json())
+        _swap_in(tmp, out, old)
+    except BaseException:
+        _remove_listed(tmp, manifest, also_partial=True)
+        raise
     return manifest
 
 
-def _prepare_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
+def _sibling(out: Path, kind: str) -> Path:
+    return out.parent / f".{out.name}.{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def _replaceable(out: Path) -> Manifest | None:
+    """The manifest of the shard set ``out`` holds (None if ``out`` is new or empty); raises if tierec may not replace it."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    old = out / MANIFEST
-    if old.exists():  # rewriting shards: remove exactly the files the old manifest lists
-        m = Manifest.from_json(old.read_text(), str(old))
-        old.unlink()
-        for s in m.splits.values():
-            for x in s.shards:
-                (out / x.file).unlink(missing_ok=True)
-    leftover = sorted(p.name for p in out.iterdir())
-    if leftover:
-        raise DataError(f"{out}: directory is not empty ({leftover[:3]}...); give an empty or new directory")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return None
+    mpath = out / MANIFEST
+    if not mpath.is_file():
+        raise DataError(f"{out}: directory is not empty ({entries[:3]}) and holds no shards; give an empty or new directory")
+    m = Manifest.from_json(mpath.read_text(), str(mpath))
+    ours = {MANIFEST, *(x.file for s in m.splits.values() for x in s.shards)}
+    foreign = [e for e in entries if e not in ours]
+    if foreign:
+        raise DataError(
+            f"{out}: holds files its manifest does not list ({foreign[:3]}); tierec replaces only its own shards: "
+            "move them or give another directory"
+        )
+    return m
+
+
+def _swap_in(tmp: Path, out: Path, old: Manifest | None) -> None:
+    """Put the finished shard directory ``tmp`` at ``out``; then delete the old shard set's listed files."""
+    if old is None:
+        if out.exists():
+            out.rmdir()  # empty (checked); rmdir refuses anything else
+        os.replace(tmp, out)
+        return
+    aside = _sibling(out, "old")
+    os.replace(out, aside)
+    os.replace(tmp, out)
+    _remove_listed(aside, old, also_partial=False)
+
+
+def _remove_listed(d: Path, manifest: Manifest | None, also_partial: bool) -> None:
+    """Delete the manifest and the shards it lists from ``d`` (and, for our own temporary directory, partial
+    shards named like ours), then ``d`` itself if that left it empty. Nothing else is touched."""
+    if not d.is_dir():
+        return
+    names = {MANIFEST} | ({x.file for s in manifest.splits.values() for x in s.shards} if manifest else set())
+    for p in d.iterdir():
+        if p.name in names or (also_partial and _SHARD_NAME.fullmatch(p.name)):
+            p.unlink(missing_ok=True)
+    try:
+        d.rmdir()
+    except OSError:
+        pass  # something not ours is in it: leave it
 
 
 def _write_split(src: Any, out: Path, split: str, rows_per_shard: int, progress: bool) -> SplitInfo:

@@ -36,7 +36,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
+from tierec.paths import quote, safe_member
 from tierec.train.checkpoint import (
     _STEP_DIR,
     LATEST_FILE,
@@ -156,7 +158,12 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
 def iter_shards(ckpt: Path) -> Iterator[dict[str, Tensor]]:
     """The tensors of each shard in rank order (the first holds the dense state), checked against the manifest."""
     for entry in read_manifest(ckpt)["_sharded"]["shards"]:
-        p = ckpt / entry["file"]
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("bytes"), int):
+            raise CheckpointError(f"{ckpt / MANIFEST_FILE}: malformed shard entry {quote(entry)} (needs file and bytes)")
+        try:
+            p = ckpt / safe_member(entry["file"], str(ckpt / MANIFEST_FILE))
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
         if not p.is_file():
             raise CheckpointError(f"checkpoint {ckpt} is incomplete: {entry['file']} is missing")
         if p.stat().st_size != entry["bytes"]:

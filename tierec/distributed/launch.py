@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
 
-from tierec.config import Config, DistConfig
+from tierec.config import Config, ConfigError, DistConfig
 from tierec.distributed.context import DistContext
 
 # What every job imports, loaded once into the fork server. torch._dynamo is imported
@@ -130,30 +133,104 @@ def _with_run_dir(argv: list[str], run_dir: Path) -> list[str]:
 
 
 def run_train(
-    cfg: Config, run_dir: Path, *, resume: bool, nproc: int, argv: list[str], report: Callable[[dict], None]
+    cfg: Config, run_dir: Path, *, resume: bool, nproc: int, argv: list[str], report: Callable[[dict], None],
+    overwrite: bool = False,
 ) -> int:
     """``tierec train`` on several processes; returns the exit status.
 
     Outside torchrun (``--nproc N``) it re-launches the same command under torchrun
-    (one machine) with the run directory fixed, and waits. Inside torchrun it joins
-    the job, trains, and rank 0 reports. A lost rank ends every other rank with
-    one line naming it and exit status 3.
+    (one machine) with the run directory fixed, and waits; torchrun and the ranks
+    die with the launcher (PR_SET_PDEATHSIG), and a SIGINT or SIGTERM the launcher
+    gets is passed on. Inside torchrun it joins the job, checks that every rank
+    has the same config, rank 0 claims the run directory, and every rank trains;
+    rank 0 reports. A lost rank ends every other rank with one line naming it and
+    exit status 3; a config or run-directory error ends every rank with exit 2.
     """
+    from tierec.distributed.config_check import check_same_config
     from tierec.distributed.context import init_distributed, launched_by_torchrun
 
     if not launched_by_torchrun():
         if nproc <= 1:
             raise ValueError("run_train needs --nproc > 1 or a torchrun environment")
-        return subprocess.call(torchrun_command(nproc, _with_run_dir(argv, run_dir)))
+        return _run_launcher(torchrun_command(nproc, _with_run_dir(argv, run_dir)))
 
+    die_with_parent(signal.SIGKILL)  # torchrun gone (killed): so are its ranks; the run dir lock goes stale
     ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
-    shared = [str(run_dir)]
-    dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
-    summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume)
+    try:
+        check_same_config(cfg, ctx.rank, ctx.world_size, group=ctx.dense_group)
+        shared = [str(run_dir)]
+        dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
+        with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite):
+            summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume)
+    except ConfigError as e:  # the same on every rank: exit without tearing down the group (it can block)
+        print(f"tierec: error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
     ctx.close()
     if ctx.is_main:
         report(summary)
     return 0
+
+
+@contextmanager
+def _claimed(ctx: DistContext, run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[None]:
+    """Rank 0 claims (locks) the run directory for the job; every rank learns whether it could."""
+    from tierec.train.rundir import claim_run_dir
+
+    with ExitStack() as stack:
+        problem = [""]
+        if ctx.is_main:
+            try:
+                stack.enter_context(claim_run_dir(run_dir, resume=resume, overwrite=overwrite))
+            except ConfigError as e:
+                problem = [str(e)]
+        dist.broadcast_object_list(problem, src=0, group=ctx.dense_group)
+        if problem[0]:
+            raise ConfigError(problem[0])
+        yield
+
+
+def die_with_parent(sig: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (PR_SET_PDEATHSIG); a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os.kill(os.getpid(), sig)
+
+
+def _run_launcher(cmd: list[str]) -> int:
+    """Run torchrun as a child that dies with us; pass SIGINT / SIGTERM on to it; its exit status."""
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        forwarded.append(signum)
+        if len(forwarded) > 1:  # a second signal: stop at once
+            proc.kill()
+        else:
+            proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if code < 0:  # torchrun itself was killed by a signal
+        return 128 - code
+    return code
 
 
 LOST_RANK_STATUS = 3

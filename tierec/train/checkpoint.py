@@ -63,7 +63,9 @@ META_FILE = "meta.json"
 LATEST_FILE = "latest"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"step_(\d{8,})")
-_DEBRIS_PREFIXES = (".tmp-", ".trash-")  # left by a crashed save; removed by the next one
+# Left by a crashed save and removed by the next one: only names tierec gives its own temporary entries.
+_DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)?")
+_OWN_FILES = ("meta.json", "manifest.json", "checksums.json")  # a step directory holding none is not ours
 
 
 class CheckpointError(RuntimeError):
@@ -203,9 +205,27 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
     return tensors, record
 
 
+def remove_checkpoints(run_dir: Path | str) -> None:
+    """Delete a run's checkpoints: tierec's own step directories, ``latest`` and debris, nothing else."""
+    run_dir = Path(run_dir)
+    for old in _step_dirs(run_dir):
+        trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(old, trash)
+    (run_dir / LATEST_FILE).unlink(missing_ok=True)
+    _remove_debris(run_dir)
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass  # something not ours is left in it
+
+
 def _step_dirs(run_dir: Path) -> list[Path]:
     """Checkpoint directories of a run, oldest step first."""
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    found = [
+        (int(m.group(1)), p)
+        for p in run_dir.iterdir()
+        if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and any((p / f).is_file() for f in _OWN_FILES)
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -231,7 +251,7 @@ def _prepare_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def _remove_debris(run_dir: Path) -> None:
     for p in run_dir.iterdir():
-        if p.name.startswith(_DEBRIS_PREFIXES):
+        if _DEBRIS.fullmatch(p.name):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:

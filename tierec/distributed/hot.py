@@ -105,7 +105,7 @@ class HotReplica:
     def _empty(self) -> TableGroup:  # the replica: whole rows in memory, in the owner's record layout
         g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
         g.step = self.owner.step
-        if g.record_width != self.owner.record_width:
+        if self.enabled and g.record_width != self.owner.record_width:
             raise ValueError("hot-row replication needs a storage of whole rows (not pruned chunks)")
         return g
 

@@ -155,33 +155,37 @@ class _GroupShard:
         recv_tabs = np.repeat(np.tile(np.arange(t, dtype=np.int32), w), recv_counts.reshape(-1))  # [M]
         okeys, otabs, oinv = self._dedupe(recv_keys, recv_tabs)
         orows = self.owner.lookup(okeys, otabs, insert=train)  # [U_o]
-        vals = self.owner.weights.indexselect_features(0, orows.clamp(min=0).to(self.owner.device)).cpu()  # [U_o, D]
-        if not bool(known.all()):
-            vals[~known] = 0.0  # unknown ids at evaluation read as zeros, as in the single process
+        vals = self.owner.gather(orows.numpy()).cpu()  # [U_o, D]; unknown ids at evaluation read as zeros
         oinv_t = torch.from_numpy(oinv)
         recv_splits = recv_counts.sum(1).tolist()
         t0 = time.perf_counter()
-        rows = all_to_all(vals.indexselect_features(0, oinv_t), recv_splits, req.send_splits, self.ctx.sparse_group).out
+        rows = all_to_all(vals.index_select(0, oinv_t), recv_splits, req.send_splits, self.ctx.sparse_group).out
         self.traffic.add("rows", off_rank_bytes(recv_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
         emb = torch.empty(req.keys.shape[0], d)  # [U, D]
         emb[torch.from_numpy(req.cold_pos)] = rows
         if req.hot_pos.size:
-            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.weights.indexselect_features(0, torch.from_numpy(req.hot_rows)).cpu()
+            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.gather(req.hot_rows).cpu()
         if train:
             self.hot.count(req.keys, req.tabs)
         return _Served(req, recv_splits, orows, oinv_t), emb
 
     # ------------------------------------------------ 5. gradients to owners
 
-    def backward(self, served: _Served, grad: Tensor) -> None:  # grad [U, D], already divided by W
+    def backward(self, served: _Served, grad: Tensor, accesses: np.ndarray) -> None:
+        """grad [U, D] already divided by W; accesses [U]: the batch's ids each unique row served."""
         req, d = served.request, self.owner.dim
         t0 = time.perf_counter()
-        cold = grad.indexselect_features(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
-        recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, D]
-        self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
-        summed = torch.zeros(served.owner_rows.shape[0], d).index_add_(0, served.owner_inverse, recv)  # [U_o, D]
-        self.owner.update(served.owner_rows.to(self.owner.device), summed.to(self.owner.device))
-        self.hot.backward(req.hot_rows, grad.indexselect_features(0, torch.from_numpy(req.hot_pos)))
+        cold = grad.index_select(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
+        counted = self.owner.counts_accesses  # the storage wants each row's accesses too: one more column
+        if counted:
+            cold = torch.cat([cold, torch.from_numpy(accesses[req.cold_pos]).unsqueeze(1)], 1)  # [U_c, D + 1]
+        width = cold.shape[1]
+        recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, width]
+        self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, width * 4), time.perf_counter() - t0)
+        summed = torch.zeros(served.owner_rows.shape[0], width).index_add_(0, served.owner_inverse, recv)  # [U_o, width]
+        acc = summed[:, d].numpy().copy() if counted else None
+        self.owner.update(served.owner_rows.to(self.owner.device), summed[:, :d].contiguous().to(self.owner.device), accesses=acc)
+        self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1
         if self.counts_steps:  # one step per collection, not per group
             self.traffic.steps += 1
@@ -320,7 +324,7 @@ class ShardedEmbeddingCollection(nn.Module):
             return outs[0]
         order = [f for plan in plans for f in plan.features]
         perm = torch.from_numpy(np.argsort(order))
-        return torch.cat(outs, dim=1).indexselect_features(1, perm)
+        return torch.cat(outs, dim=1).index_select(1, perm)
 
     def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
@@ -390,16 +394,19 @@ class ShardedEmbeddingCollection(nn.Module):
         Call it once per shard of a checkpoint saved on any number of ranks.
         """
         # A table group's update count is in shard 0 only; the other shards keep the current one.
-        mine: dict[str, Tensor] = {f"group{gi}.step": torch.tensor(g.step) for gi, g in enumerate(self.groups)}
-        mine.update({k: v for k, v in sd.items() if k in mine})
+        for gi, g in enumerate(self.groups):
+            if f"group{gi}.step" in sd:
+                g.step = int(sd[f"group{gi}.step"])
         for shard in self.shards:
             for ti, t in enumerate(shard.owner.tables):
                 prefix = f"{t.name}."
                 part = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
                 if "ids" not in part:
+                    if strict:
+                        raise KeyError(f"state dict has no rows for table {t.name!r}")
                     continue
                 ids = part["ids"].numpy().astype(np.int64, copy=False)
-                keep = torch.from_numpy(shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank)
-                mine.update({prefix + k: v[keep] for k, v in part.items()})
+                keep = shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank
+                # the storage cuts its own state to the rows kept; rank 0 keeps the table's event counters
+                shard.owner.load_table_state(ti, part, keep=keep, totals=self.ctx.rank == 0)
             shard.hot.clear()
-        self.local.load_state_dict(mine, strict=strict)

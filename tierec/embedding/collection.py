@@ -90,7 +90,7 @@ class EmbeddingCollection(nn.Module):
             return outs[0]
         order = [f for plan in self.plans for f in plan.features]
         perm = torch.from_numpy(np.argsort(order)).to(outs[0].device)
-        return torch.cat(outs, dim=1).indexselect_features(1, perm)
+        return torch.cat(outs, dim=1).index_select(1, perm)
 
     def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
         """Pooled embeddings per feature name, each ``[B, D_f]`` (tables may differ in dim)."""

@@ -266,13 +266,14 @@ class PrunedGroup:
 
     # ----------------------------------------------------------------- pruning
 
-    def keep_scores(self, min_chunks: int, regrow: bool, margin: float) -> np.ndarray:  # [n_rows, K] float32
+    def keep_scores(self, min_chunks: int, regrow: bool, margin: float, job_sum=None) -> np.ndarray:  # [n_rows, K] float32
+        """``job_sum``: sums an array over the job's processes (the table means of the shrinkage are job-wide)."""
         out = np.empty((self.num_rows, self.n_pos), dtype=np.float32)
-        imp, claim = self.shrunk_importance() if self.shrinkage else (self.chunks.importance, self.next_imp)
+        imp, claim = self.shrunk_importance(job_sum) if self.shrinkage else (self.chunks.importance, self.next_imp)
         kernels.row_scores(self.cmap, self.num_rows, imp, claim, min_chunks, regrow, margin, out)
         return out
 
-    def shrunk_importance(self) -> tuple[np.ndarray, np.ndarray]:
+    def shrunk_importance(self, job_sum=None) -> tuple[np.ndarray, np.ndarray]:
         """Importance of every chunk and claim of every row, with the gradient magnitude shrunk.
 
         A chunk's importance ``S`` is the decayed sum of its gradient norms over its
@@ -297,6 +298,8 @@ class PrunedGroup:
         cell = tabs[r_idx] * self.n_pos + q_idx  # (table, position) of each live chunk
         sums = np.bincount(cell, weights=raw[chunk], minlength=n_tab * self.n_pos)
         accesses = np.bincount(cell, weights=cnt[r_idx], minlength=n_tab * self.n_pos)
+        if job_sum is not None:  # the table's mean over every process's rows
+            sums, accesses = np.split(job_sum(np.concatenate([sums, accesses])), 2)
         mean = (sums / np.maximum(accesses, 1e-12)).astype(np.float32)  # [T * K]
         n = cnt[r_idx]
         imp = raw.copy()

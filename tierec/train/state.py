@@ -45,3 +45,10 @@ def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) 
     for name, coll in embedding_collections(parts):
         prefix = f"{name}/"
         coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
+
+
+def load_rows(parts: Components, tensors: dict[str, Tensor]) -> None:
+    """The embedding rows of one more shard of a sharded checkpoint (each rank keeps the rows it owns)."""
+    for name, coll in embedding_collections(parts):
+        prefix = f"{name}/"
+        coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})

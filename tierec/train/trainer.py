@@ -33,12 +33,14 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import load_any
+from tierec.distributed.context import DistContext
+from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
-from tierec.train.checkpoint import latest_checkpoint, save_checkpoint
+from tierec.train.checkpoint import save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc
-from tierec.train.state import restore_state, snapshot_state
+from tierec.train.metrics import EvalAccumulator
+from tierec.train.state import load_rows, restore_state, snapshot_state
 from tomli_w import dumps as dump_toml
 
 
@@ -78,19 +80,29 @@ def peak_memory_bytes() -> int:
 
 
 class Trainer:
-    is_main = True  # prints progress and writes run files (rank 0 of a distributed job)
-
     def __init__(
-        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print
+        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print,
+        ctx: DistContext | None = None,
     ) -> None:
+        """``ctx``: the job this process is a rank of (default: one process). The loop is the same
+        for any number of processes; what differs is applied by ``self.job`` (tierec/distributed/job.py)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.echo = echo
+        self.job = Job(cfg, ctx)
+        self.is_main = self.job.is_main  # prints progress and writes run files (rank 0 of a job)
+        self.echo = echo if self.is_main else quiet
 
     # ------------------------------------------------------------------ fit
 
     def fit(self) -> dict[str, Any]:
+        with self.job.guard():  # several processes: a lost rank is named
+            return self._fit()
+
+    def close(self) -> None:
+        self.job.close()
+
+    def _fit(self) -> dict[str, Any]:
         cfg = self.cfg
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -125,7 +137,7 @@ class Trainer:
         while not done:
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch in store.wrap(self._batches(loader)):
+                for batch in self._batches(store.wrap(loader)):  # look-ahead after the prefetch thread: same order on every rank
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
@@ -184,26 +196,28 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------- pieces
-    # (tierec.distributed.trainer.DistributedTrainer overrides these for a multi-process job)
 
     def _build(self, probe) -> Components:
-        return Components.build(self.cfg, probe.feature_names, probe.n_dense)
+        """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
+        parts = Components.build(self.job.process_config(), probe.feature_names, probe.n_dense)
+        return self.job.parallelize(parts)
 
     def _batches(self, loader: BackgroundLoader):
-        return iter(loader)
+        return self.job.batches(loader)
 
     def _footprint(self, parts: Components) -> dict[str, int]:
-        return {"embedding_rows": parts.embedding_rows(), "embedding_bytes": parts.embedding_bytes()}
+        return self.job.footprint(parts)
 
     def _step(self, parts: Components, batch: Batch) -> float:
         parts.train(True)
-        batch = batch.to(self.cfg.train.device)
-        logits = parts.forward(batch)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        local = self.job.local(batch, parts)  # this process's slice (the batch itself on one process)
+        logits = parts.forward(local)
+        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
         parts.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # embedding rows are updated here, by their fused optimizers
+        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
+        (loss_sum * self.job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
         parts.optimizer.step()
-        return float(loss.detach())
+        return self.job.mean_loss(loss_sum, batch)
 
     def _log_prune(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> None:
         """A "prune" metrics record, and one progress line: bytes, chunks pruned / regrown, rows per dim."""
@@ -219,10 +233,11 @@ class Trainer:
             (bar.write if bar is not None else self.echo)(line)
 
     def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> dict[str, float]:
-        result = evaluate(self.cfg, parts)
+        result = self.job.evaluate(evaluate, parts, EvalAccumulator)
         log.write({"kind": "eval", "step": pos.step, **result})
         line = f"step {pos.step}: test auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
-        (bar.write if bar is not None else self.echo)(line)
+        if self.is_main:
+            (bar.write if bar is not None else self.echo)(line)
         return result
 
     def _total_steps(self, probe) -> int:
@@ -236,14 +251,14 @@ class Trainer:
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        save_checkpoint(ckpt_dir, pos.step, tensors, meta)
+        self.job.save(ckpt_dir, pos.step, tensors, meta, save_checkpoint)
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
-        if latest_checkpoint(ckpt_dir) is None:
+        # a checkpoint of any world size: single-process or sharded (each rank keeps the rows it owns)
+        meta = self.job.load(ckpt_dir, lambda t, skeleton: restore_state(parts, t, skeleton), lambda t: load_rows(parts, t))
+        if meta is None:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        tensors, meta = load_any(ckpt_dir)  # single-process or sharded
-        restore_state(parts, tensors, meta["state"])
         pos = Position(**meta["position"])
-        self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
+        self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")
         return pos

@@ -167,5 +167,22 @@ class RowStorage(Protocol):
     def close(self) -> None: ...
 
 
+# Table-state entries (``table_state`` output) by how shards of one table combine: one value per row
+# (concatenated in shard order, like the ids), event counts (summed), anything else (the same on every
+# shard, or a statistic of the first: the first shard's).
+_ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "store.freq", "store.last")
+_COUNT_ENTRIES = ("pruned_chunks", "regrown_chunks", "evicted_rows", "store.counters")
+
+
+def combine_shards(key: str, values: list[Tensor]) -> Tensor:
+    """One table-state entry (``<table>.ids``, ``<table>.opt.sum``, ``<table>.chunked.weights``, ...) of
+    every shard, as one process's state would hold it."""
+    if key.endswith(tuple("." + e for e in _ROW_ENTRIES)) or ".opt." in key or ".chunked." in key:
+        return torch.cat(values)
+    if key.endswith(tuple("." + e for e in _COUNT_ENTRIES)):
+        return torch.stack(values).sum(0)
+    return values[0]
+
+
 # builds the storage of the tables of one group: (tables, seed, device) -> storage
 StorageFactory = Callable[[list[TableConfig], int, "torch.device | str"], RowStorage]

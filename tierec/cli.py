@@ -27,16 +27,19 @@ from tierec.train.preflight import preflight
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML config file (defaults: the built-in synthetic DLRM job)")
+    p.add_argument("--config", metavar="FILE", action="append", default=[],
+                   help="TOML config file; repeatable: files merge in order, later ones winning, then --set "
+                        "(default: none, the built-in synthetic DLRM job)")
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config value, e.g. --set model.name=deepfm (repeatable; values parsed as TOML)",
+        help="override one config value after the config files, e.g. --set model.name=deepfm (repeatable; values parsed as TOML)",
     )
-    p.add_argument("--strict", action="store_true", help="treat a malformed data row as an error instead of skipping it")
+    p.add_argument("--strict", action="store_true",
+                   help="treat a malformed data row as an error instead of skipping it (default: skip and count them)")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -103,27 +106,37 @@ def _print_summary(summary: dict) -> None:
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     from tierec.config import apply_override
     from tierec.data import open_source
-    from tierec.distributed.checkpoint import load_any
+    from tierec.distributed.checkpoint import is_sharded, load_any, resolve_checkpoint
+    from tierec.train.checkpoint import Checkpoint, find_checkpoint
     from tierec.train.components import Components
-    from tierec.train.state import restore_state
+    from tierec.train.state import restore_checkpoint, restore_state
 
-    tensors, meta = load_any(checkpoint)  # single-process or sharded (any number of ranks)
+    ckpt = resolve_checkpoint(checkpoint) or find_checkpoint(checkpoint)  # the latter raises the one-line error
+    if is_sharded(ckpt):  # the previous sharded format, read whole
+        loaded, (tensors, meta) = None, load_any(ckpt)
+    else:  # saved on any number of processes; rows are read a chunk at a time
+        loaded = Checkpoint(ckpt)
+        meta = loaded.meta
     cfg_dict = meta["config"]
     for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
         apply_override(cfg_dict, o)
     cfg: Config = from_dict(Config, cfg_dict)
-    probe = open_source(cfg.data, "train", cfg.train.batch_size)
+    probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
     parts = Components.build(cfg, probe.feature_names, probe.n_dense)
-    restore_state(parts, tensors, meta["state"])
+    if loaded is None:
+        restore_state(parts, tensors, meta["state"])
+    else:
+        restore_checkpoint(parts, loaded)
     return cfg, parts
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from tierec.train.evaluate import evaluate
+    from tierec.train.evaluate import evaluate, require_defined
 
     cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
     result = evaluate(cfg, parts, split=args.split)
     print(json.dumps(result))
+    require_defined(result, f"the {args.split} split of {cfg.data.source}")
     return 0
 
 
@@ -132,7 +145,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     cfg, parts = _restore(args.checkpoint, args.data, args.overrides)
     check_no_alias(args.out, [cfg.data.source, cfg.data.test_source, args.checkpoint], "predict --out", "data or checkpoint")
-    n = predict(cfg, parts, args.split, args.out)
+    n = predict(cfg, parts, args.split, args.out, keys=args.keys)
     print(f"wrote {n} scores to {args.out}")
     return 0
 
@@ -141,9 +154,22 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     from tierec.data.shards import preprocess
 
     cfg = _config(args)
-    manifest = preprocess(cfg.data, Path(args.out), rows_per_shard=args.rows_per_shard, progress=True)
-    print(json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2, default=str))
+    out = Path(args.out)
+    manifest = preprocess(cfg.data, out, rows_per_shard=args.rows_per_shard, progress=True)
+    print(preprocess_summary(manifest, out))
     return 0
+
+
+def preprocess_summary(manifest, out: Path) -> str:
+    """A few lines: rows, shards, bytes and malformed rows per split (the details are in manifest.json)."""
+    lines = []
+    for name, split in manifest.splits.items():
+        nbytes = sum((out / s.file).stat().st_size for s in split.shards if (out / s.file).exists())
+        bad = split.problems.malformed if split.problems is not None else 0
+        lines.append(f"{name:<6} {split.rows:>12,} rows  {len(split.shards):>4} shards  {_human_bytes(nbytes):>10}  {bad:,} malformed rows skipped")
+    features = f"{len(manifest.feature_names)} categorical, {len(manifest.dense_names)} dense features"
+    lines.append(f"wrote {out} ({features}; details in {out / 'manifest.json'})")
+    return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -167,33 +193,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from the newest intact checkpoint in --run-dir, with the run's own config.toml; --set may then "
              "change only train.max_steps, train.epochs, train.eval_every, train.eval_batches, train.checkpoint_every, "
              "train.progress, train.threads, train.nan_policy, data.strict, data.prefetch_batches, dist.timeout_s, "
-             "dist.heartbeat_s",
+             "dist.heartbeat_s (default: start from scratch)",
     )  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
-                   help="start over in a --run-dir that holds a run (deletes only the files tierec wrote there)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+                   help="start over in a --run-dir that holds a run (deletes only the files tierec wrote there; "
+                        "default: such a run dir is an error)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (default: a bar on a terminal, a line every 30 s in a log)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="train on N local processes (re-launches itself under torchrun; see docs/distributed.md)")
+                   help="train on N local processes (re-launches itself under torchrun; see docs/distributed.md; default: 1)")
     p.set_defaults(func=cmd_train)
 
     for name, helptext in (("eval", "evaluate a checkpoint"), ("predict", "write a score for every row of a data file")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("checkpoint", help="a checkpoint directory, or a run's checkpoints/ directory (its latest)")
-        p.add_argument("--data", metavar="FILE", help="data file or shard directory (default: the run's own data)")
+        p.add_argument("--data", metavar="FILE", help="data file or shard directory (default: the run's own data.source)")
         p.add_argument(
             "--split", choices=["test", "train", "all"], default="all" if name == "predict" else "test",
-            help="which rows of the data (all = every row of the file)",
+            help="which rows of the data, split as the run's config says (all = every row of the file; "
+                 f"default: {'all' if name == 'predict' else 'test'})",
         )
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a value of the checkpoint's config (e.g. data.schema...)")
+                       help="override a value of the checkpoint's config (e.g. data.schema...; default: none)")
         if name == "predict":
-            p.add_argument("--out", required=True, metavar="FILE", help="output: .parquet (score, label) or text (one score per line)")
+            p.add_argument("--out", required=True, metavar="FILE",
+                           help="output table: .parquet, .tsv, else CSV; columns: the --key columns (or row), score, "
+                                "and label when the file has one (a file without its label column is fine)")
+            p.add_argument("--key", dest="keys", action="append", default=[], metavar="COLUMN",
+                           help="a column of the data file written beside each score (repeatable; "
+                                "default: none, a 0-based 'row' number instead)")
         p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)
 
     p = sub.add_parser("preprocess", help="convert a data source into binary shards that stream fast")
     _add_config_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest")
-    p.add_argument("--rows-per-shard", type=int, default=1_000_000, metavar="N")
+    p.add_argument("--rows-per-shard", type=int, default=1_000_000, metavar="N", help="rows in each shard file (default: 1000000)")
     p.set_defaults(func=cmd_preprocess)
 
     p = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch, FBGEMM and TorchRec", add_help=False)

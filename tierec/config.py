@@ -53,6 +53,9 @@ class SchemaConfig:
     """Which columns of a CSV/TSV/Parquet file are label, dense and categorical."""
 
     label: str = "label"
+    # 0 = labels must be 0 or 1 (or a probability in between); else a numeric label >= this is a click (1), below it 0,
+    # e.g. 4 for ratings 1-5. A label that is not a number, or outside [0, 1] without a threshold, is an error.
+    label_threshold: float = 0.0
     dense: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
     multi_valued: list[str] = field(default_factory=list)  # categorical columns holding several values
@@ -67,21 +70,23 @@ class SchemaConfig:
     delimiter: str = ""  # CSV/TSV field delimiter; "" = from the format ("," for csv, tab for tsv)
 
     def __post_init__(self) -> None:
+        if not self.label:
+            raise ConfigError("data.schema.label must name the label column (predict reads files without it by itself)")
         if self.preset not in {"", "criteo"}:
-            raise ConfigError(f"schema.preset {self.preset!r} is not one of '', 'criteo'")
+            raise ConfigError(f"data.schema.preset {self.preset!r} is not one of '', 'criteo'")
         if self.preset and (self.dense or self.categorical):
-            raise ConfigError("schema.preset sets the dense and categorical columns; leave schema.dense/categorical empty")
+            raise ConfigError("data.schema.preset sets the dense and categorical columns; leave data.schema.dense/categorical empty")
         if self.dense_transform not in {"", "none", "log1p"}:
-            raise ConfigError(f"schema.dense_transform {self.dense_transform!r} is not one of none, log1p")
+            raise ConfigError(f"data.schema.dense_transform {self.dense_transform!r} is not one of none, log1p")
         if self.categorical_encoding not in {"", "hash", "hex"}:
-            raise ConfigError(f"schema.categorical_encoding {self.categorical_encoding!r} is not one of hash, hex")
+            raise ConfigError(f"data.schema.categorical_encoding {self.categorical_encoding!r} is not one of hash, hex")
         if len(self.delimiter) > 1:
-            raise ConfigError(f"schema.delimiter must be one character, got {self.delimiter!r}")
+            raise ConfigError(f"data.schema.delimiter must be one character, got {self.delimiter!r}")
         if not self.separator:
-            raise ConfigError("schema.separator must not be empty")
+            raise ConfigError("data.schema.separator must not be empty")
         missing = [c for c in self.multi_valued if c not in self.categorical]
         if missing and not self.preset:  # a preset's columns are checked when the schema is resolved
-            raise ConfigError(f"schema.multi_valued names columns that are not categorical: {missing}")
+            raise ConfigError(f"data.schema.multi_valued names columns that are not categorical: {missing}")
 
 
 @dataclass(kw_only=True)
@@ -102,17 +107,17 @@ class SyntheticConfig:
 
     def __post_init__(self) -> None:
         if self.train_rows <= 0 or self.test_rows <= 0:
-            raise ConfigError("synthetic.train_rows and synthetic.test_rows must be positive")
+            raise ConfigError("data.synthetic.train_rows and synthetic.test_rows must be positive")
         if not 0 < self.cardinality_scale <= 100:
-            raise ConfigError("synthetic.cardinality_scale must be in (0, 100] (ids must fit in 32 bits)")
+            raise ConfigError("data.synthetic.cardinality_scale must be in (0, 100] (ids must fit in 32 bits)")
         if self.zipf < 0:
-            raise ConfigError("synthetic.zipf must be >= 0")
+            raise ConfigError("data.synthetic.zipf must be >= 0")
         if self.n_dense < 0:
-            raise ConfigError("synthetic.n_dense must be >= 0")
+            raise ConfigError("data.synthetic.n_dense must be >= 0")
         if self.ids_per_feature < 1:
-            raise ConfigError("synthetic.ids_per_feature must be >= 1")
+            raise ConfigError("data.synthetic.ids_per_feature must be >= 1")
         if not 0 < self.positive_rate < 1:
-            raise ConfigError("synthetic.positive_rate must be in (0, 1)")
+            raise ConfigError("data.synthetic.positive_rate must be in (0, 1)")
 
 
 @dataclass(kw_only=True)
@@ -157,7 +162,7 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         self.kind = OptimizerKind.parse(self.kind)
         if self.lr <= 0:
-            raise ConfigError("optimizer lr must be positive")
+            raise ConfigError(f"embedding.optimizer.lr must be positive, got {self.lr}")
 
 
 @dataclass(kw_only=True)
@@ -363,6 +368,10 @@ class PruneConfig:
             raise ConfigError("prune.compact_free_fraction must be in (0, 1]")
 
 
+CROSS_GROUP_MODES = ("gradients", "average")
+COMPRESS_CODECS = ("none", "fp16", "bf16", "int8")
+
+
 @dataclass(kw_only=True)
 class DistConfig:
     """Multi-process training on torch.distributed (launched by torchrun); see docs/distributed.md."""
@@ -381,8 +390,24 @@ class DistConfig:
     # pairs: replicas cost an all-reduce of every hot row every step, so a row that most ranks
     # do not request every step is cheaper through the all-to-all (docs/distributed.md).
     hot_min_share: float = 0.9
+    # Hierarchical training (docs/distributed.md): the ranks form a ("replica", "shard") mesh of
+    # groups of group_size ranks; tables are row-sharded inside a group, groups sync across.
+    # 0 = one group of all ranks on one node (today's flat run); under a multi-node torchrun,
+    # 0 = one group per node (LOCAL_WORLD_SIZE ranks). Must divide the world size.
+    group_size: int = 0
+    cross_group: str = "gradients"  # gradients (every step, exact) | average (every sync_every steps)
+    sync_every: int = 1  # steps between cross-group averages (cross_group = average)
+    compress: str = "none"  # what crosses groups: none | fp16 | bf16 | int8 (row-wise, error feedback)
 
     def __post_init__(self) -> None:
+        if self.group_size < 0:
+            raise ConfigError(f"dist.group_size must be >= 0 (0 = one group per node), got {self.group_size}")
+        if self.cross_group not in CROSS_GROUP_MODES:
+            raise ConfigError(f"dist.cross_group {self.cross_group!r} is not one of {', '.join(CROSS_GROUP_MODES)}")
+        if self.sync_every <= 0:
+            raise ConfigError(f"dist.sync_every must be positive, got {self.sync_every}")
+        if self.compress not in COMPRESS_CODECS:
+            raise ConfigError(f"dist.compress {self.compress!r} is not one of {', '.join(COMPRESS_CODECS)}")
         if self.backend not in {"auto", "gloo", "nccl"}:
             raise ConfigError(f"dist.backend {self.backend!r} is not one of auto, gloo, nccl")
         if self.timeout_s <= 0 or self.heartbeat_s <= 0:
@@ -494,15 +519,35 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = _parse_value(text.strip())
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, cls: type = Config) -> Any:
-    """Load ``cls`` from a TOML file (or defaults when ``path`` is None) plus overrides."""
+def merge_dicts(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: tables merge key by key, any other value of ``over`` wins."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_dicts(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(
+    path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None, cls: type = Config
+) -> Any:
+    """Load ``cls`` from TOML files (merged in order, later ones winning; none = defaults), then overrides.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, "a.toml"), "w").write("[train]\\nbatch_size = 64\\nepochs = 3\\n")
+    >>> _ = open(os.path.join(d, "b.toml"), "w").write("[train]\\nepochs = 5\\n")
+    >>> cfg = load_config([os.path.join(d, "a.toml"), os.path.join(d, "b.toml")], ["train.max_steps=7"])
+    >>> cfg.train.batch_size, cfg.train.epochs, cfg.train.max_steps
+    (64, 5, 7)
+    """
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
+    for one in paths:
+        p = Path(one)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            data = tomllib.loads(p.read_text())
+            data = merge_dicts(data, tomllib.loads(p.read_text()))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: {e}") from None
     for o in overrides or []:

@@ -129,7 +129,7 @@ def test_missing_column(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"\['z', 'c'\]"):
         open_source(DataConfig(source=str(tmp_path / "t.parquet"), schema=schema), "train", 4)
     headerless = SchemaConfig(header=False, columns=["y", "x"], label="y", dense=["x", "z"])
-    with pytest.raises(DataError, match="not in schema.columns"):
+    with pytest.raises(DataError, match="not in data.schema.columns"):
         open_source(DataConfig(source=str(path), schema=headerless), "train", 4)
     with pytest.raises(DataError, match="schema.columns does not name"):
         open_source(DataConfig(source=str(path), schema=SchemaConfig(header=False, label="y", dense=["x"])), "train", 4)
@@ -145,12 +145,16 @@ def test_wrong_delimiter_is_an_error_not_an_empty_pass(tmp_path: Path) -> None:
 def test_parquet_bad_values_by_row(tmp_path: Path) -> None:
     pq.write_table(pa.table({"y": [1.0, None, 2.0, 0.0], "x": ["1", "2", "3", "q"]}), tmp_path / "t.parquet")
     src = open_source(DataConfig(source=str(tmp_path / "t.parquet"), schema=SchemaConfig(label="y", dense=["x"]), test_fraction=0), "train", 8)
+    with pytest.raises(DataError, match=r"t\.parquet: row 3: label 2\.0 is not 0 or 1"):  # a wrong label is never skipped
+        list(src)
+    pq.write_table(pa.table({"y": [1.0, None, 1.0, 0.0], "x": ["1", "2", "3", "q"]}), tmp_path / "t.parquet")
+    src = open_source(DataConfig(source=str(tmp_path / "t.parquet"), schema=SchemaConfig(label="y", dense=["x"]), test_fraction=0), "train", 8)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         (b,) = list(src)
-    assert b.size == 1 and len(record) == 1
+    assert b.size == 2 and len(record) == 1
     assert src.problems is not None and src.problems.unit == "row"
-    assert src.problems.examples == [(2, "label is empty"), (3, "label 2.0 is not a number in [0, 1]"), (4, "column x: 'q' is not a number")]
+    assert src.problems.examples == [(2, "label is empty"), (4, "column x: 'q' is not a number")]
     strict = DataConfig(source=str(tmp_path / "t.parquet"), schema=SchemaConfig(label="y", dense=["x"]), test_fraction=0, strict=True)
     with pytest.raises(MalformedRowError, match=r"t\.parquet: row 2: label is empty"):
         list(open_source(strict, "train", 8))
@@ -159,7 +163,7 @@ def test_parquet_bad_values_by_row(tmp_path: Path) -> None:
 def test_schema_config_validation() -> None:
     with pytest.raises(ConfigError, match="preset"):
         SchemaConfig(preset="avazu")
-    with pytest.raises(ConfigError, match="leave schema.dense"):
+    with pytest.raises(ConfigError, match="leave data.schema.dense"):
         SchemaConfig(preset="criteo", dense=["I1"])
     with pytest.raises(ConfigError, match="dense_transform"):
         SchemaConfig(dense_transform="log")

@@ -12,7 +12,7 @@ import pytest
 from dist_workers import SMALL, compare_runs, train_worker
 from tierec.cli import main
 from tierec.config import DistConfig, load_config
-from tierec.distributed.checkpoint import MANIFEST_FILE, load_any
+from tierec.distributed.checkpoint import load_any
 from tierec.distributed.launch import LOST_RANK_STATUS, spawn
 from tierec.train.trainer import Trainer
 
@@ -29,8 +29,9 @@ def test_save_at_4_resume_at_2_and_at_1(tmp_path: Path, reference: Path) -> None
     # 4 ranks stop after 5 of 12 steps, with a sharded checkpoint
     spawn(train_worker, 4, (SMALL + ["train.max_steps=5"], str(tmp_path / "four"), False))
     ckpt = tmp_path / "four" / "checkpoints" / "step_00000005"
-    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
-    assert manifest["_sharded"]["world_size"] == 4 and len(list(ckpt.glob("shard-*.safetensors"))) == 4
+    record = json.loads((ckpt / "meta.json").read_text())["_checkpoint"]
+    assert record["world_size"] == 4 and sorted(record["files"]) == sorted(p.name for p in ckpt.iterdir() if p.name != "meta.json")
+    assert {f[:11] for f in record["files"] if f.startswith("rows-")} == {f"rows-{r:05d}-" for r in range(4)}  # every rank's rows
     shutil.copytree(tmp_path / "four", tmp_path / "one")
     # ... resumed on 2 ranks to the end
     spawn(train_worker, 2, (SMALL, str(tmp_path / "four"), True))

@@ -62,7 +62,7 @@ def test_crash_midway_leaves_previous_checkpoint(
     class Crash(Exception):
         pass
 
-    real_replace, real_write, real_save = os.replace, ck._write_durably, ck.save_file
+    real_replace, real_write, real_save = os.replace, ck.write_durably, ck.save_file
 
     def save_file(tensors: dict, path: Path) -> None:
         Path(path).write_bytes(b"half a file")
@@ -85,7 +85,7 @@ def test_crash_midway_leaves_previous_checkpoint(
         if crash_at == "tensors":
             m.setattr(ck, "save_file", save_file)
         elif crash_at == "meta":
-            m.setattr(ck, "_write_durably", write_durably)
+            m.setattr(ck, "write_durably", write_durably)
         else:
             m.setattr(ck.os, "replace", replace)
         with pytest.raises(Crash):

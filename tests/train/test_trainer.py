@@ -69,9 +69,11 @@ def test_cli_train_eval_predict(tmp_path: Path, capsys) -> None:
     assert main(["eval", str(run / "checkpoints")]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-9)
-    scores = tmp_path / "scores.txt"
+    scores = tmp_path / "scores.csv"
     assert main(["predict", str(run / "checkpoints"), "--split", "test", "--out", str(scores)]) == 0
-    values = [float(x) for x in scores.read_text().split()]
+    lines = scores.read_text().split()
+    assert lines[0].replace('"', "") == "row,score,label"
+    values = [float(x.split(",")[1]) for x in lines[1:]]
     assert len(values) == 2048 and all(0.0 < v < 1.0 for v in values)
 
 

@@ -18,6 +18,7 @@ feature-major like :class:`~tierec.batch.SparseFeatures`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class RowBlock:
     offsets: np.ndarray  # [F * n + 1] int64
     n_features: int
     one_hot: bool = False  # every bag holds exactly one id (offsets == arange)
+    rows: np.ndarray | None = None  # [n] int64 0-based data row of the file each row came from (files only)
 
     @property
     def size(self) -> int:
@@ -70,18 +72,36 @@ class RowBlock:
         off = self.offsets[f * n : (f + 1) * n + 1]
         return self.values[off[0] : off[-1]], np.diff(off)
 
+    def with_rows(self, rows: np.ndarray | None) -> RowBlock:
+        """The same block tagged with the file rows it came from."""
+        return dataclasses.replace(self, rows=rows)
+
     def select(self, keep: np.ndarray) -> RowBlock:
-        """The rows where ``keep`` [n] bool is true (used to drop malformed rows)."""
+        """The rows where ``keep`` [n] bool is true, or at the indices ``keep`` [m] int, in that order."""
         n, nf = self.size, self.n_features
+        rows = None if self.rows is None else self.rows[keep]
         if self.one_hot:
             ids = self.values.reshape(nf, n)[:, keep]
-            return RowBlock.from_ids(self.labels[keep], self.dense[keep], ids)
+            return RowBlock.from_ids(self.labels[keep], self.dense[keep], ids).with_rows(rows)
+        if keep.dtype != np.bool_:  # indices (a permutation or a subset)
+            return self._gather(keep, rows)
         lengths = np.diff(self.offsets).reshape(nf, n)  # [F, n]
         bag_keep = np.repeat(np.broadcast_to(keep, (nf, n)).reshape(-1), lengths.reshape(-1))
         kept = lengths[:, keep]
         offsets = np.zeros(kept.size + 1, np.int64)
         np.cumsum(kept.reshape(-1), out=offsets[1:])
-        return RowBlock(self.labels[keep], self.dense[keep], self.values[bag_keep], offsets, nf)
+        return RowBlock(self.labels[keep], self.dense[keep], self.values[bag_keep], offsets, nf, rows=rows)
+
+
+    def _gather(self, idx: np.ndarray, rows: np.ndarray | None) -> RowBlock:
+        n, nf = self.size, self.n_features
+        starts = self.offsets[:-1].reshape(nf, n)[:, idx].reshape(-1)  # [F * m]
+        lens = np.diff(self.offsets).reshape(nf, n)[:, idx].reshape(-1)  # [F * m]
+        offsets = np.zeros(lens.size + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        within = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], lens)
+        values = self.values[np.repeat(starts, lens) + within]
+        return RowBlock(self.labels[idx], self.dense[idx], values, offsets, nf, rows=rows)
 
 
 def concat_slices(pieces: list[tuple[RowBlock, int, int]]) -> RowBlock:
@@ -92,9 +112,12 @@ def concat_slices(pieces: list[tuple[RowBlock, int, int]]) -> RowBlock:
         return first
     labels = np.concatenate([blk.labels[a:b] for blk, a, b in pieces])  # [m]
     dense = np.concatenate([blk.dense[a:b] for blk, a, b in pieces])  # [m, n_dense]
+    rows = None
+    if all(blk.rows is not None for blk, _, _ in pieces):
+        rows = np.concatenate([blk.rows[a:b] for blk, a, b in pieces])  # type: ignore[index]
     if all(blk.one_hot for blk, _, _ in pieces):
         ids = np.concatenate([blk.values.reshape(nf, blk.size)[:, a:b] for blk, a, b in pieces], axis=1)
-        return RowBlock.from_ids(labels, dense, ids)
+        return RowBlock.from_ids(labels, dense, ids).with_rows(rows)
     offs = []  # per piece [F, b - a + 1]: the piece's bag boundaries, feature by feature
     for blk, a, b in pieces:
         idx = np.arange(nf, dtype=np.int64)[:, None] * blk.size + np.arange(a, b + 1, dtype=np.int64)[None, :]
@@ -104,7 +127,7 @@ def concat_slices(pieces: list[tuple[RowBlock, int, int]]) -> RowBlock:
     np.cumsum(lengths.reshape(-1), out=offsets[1:])
     segments = [blk.values[o[f, 0] : o[f, -1]] for f in range(nf) for (blk, _, _), o in zip(pieces, offs)]
     values = np.concatenate(segments) if segments else np.empty(0, np.int64)
-    return RowBlock(labels, dense, values, offsets, nf)
+    return RowBlock(labels, dense, values, offsets, nf, rows=rows)
 
 
 def rebatch(blocks: Iterable[RowBlock], batch_size: int, skip_rows: int = 0, drop_last: bool = False) -> Iterator[RowBlock]:

@@ -67,7 +67,7 @@ class BlockParser:
         s = self.schema
         n = batch.num_rows
         err = np.zeros(n, np.int32)
-        labels = self._labels(self._column(batch, s.label), err)  # [n]
+        labels = self._labels(self._column(batch, s.label), err) if s.labeled else np.zeros(n, np.float32)  # [n]
         dense = np.zeros((n, len(s.dense)), np.float32)  # [n, n_dense]
         for j, name in enumerate(s.dense):
             self._dense(self._column(batch, name), dense, j, err, 2 + j)
@@ -86,7 +86,11 @@ class BlockParser:
         name = self.codes[code - 1]
         value = self._column(batch, name)[row].as_py()
         if code == 1:
-            return "label is empty" if value in (None, "") else f"label {value!r} is not a number in [0, 1]"
+            if value in (None, ""):
+                return "label is empty"
+            if self.schema.label_threshold:
+                return f"label {value!r} is not a number"
+            return f"label {value!r} is not 0 or 1 (set data.schema.label_threshold to turn values >= it into 1)"
         if code < 2 + len(self.schema.dense):
             return f"column {name}: {value!r} is not a number"
         if isinstance(value, int):
@@ -98,17 +102,26 @@ class BlockParser:
         arr = batch.column(name)
         return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
+    def is_fatal(self, batch: pa.RecordBatch, row: int, code: int) -> bool:
+        """A label value that is present but not usable stops the run (skipping it would hide a wrong schema)."""
+        return code == 1 and self._column(batch, self.schema.label)[row].as_py() not in (None, "")
+
     def _labels(self, arr: pa.Array, err: np.ndarray) -> np.ndarray:
         out = np.zeros(len(arr), np.float32)
+        threshold = float(self.schema.label_threshold)
         if _is_string(arr.type):
             offsets, data = string_buffers(arr)
-            kernels.label_column(offsets, data, out, err, 1)
+            kernels.label_column(offsets, data, out, err, 1, threshold)
             return out
         try:
             vals = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
         except pa.ArrowInvalid as e:
             raise DataError(f"label column {self.schema.label!r} is not numeric: {e}") from None
-        bad = ~_valid(arr) | ~(vals >= 0.0) | ~(vals <= 1.0)
+        if threshold:
+            bad = ~_valid(arr) | np.isnan(vals)
+            vals = (vals >= threshold).astype(np.float64)
+        else:
+            bad = ~_valid(arr) | ~(vals >= 0.0) | ~(vals <= 1.0)
         err[(err == 0) & bad] = 1
         out[:] = np.where(bad, 0.0, vals)
         return out

@@ -22,11 +22,14 @@ from typing import Any
 
 from tierec.config import ConfigError
 
-MAX_EXAMPLES = 5  # malformed rows quoted in the report
-
-
 class DataError(ConfigError):
     """A data source cannot be read at all; the message is one line."""
+
+
+MAX_EXAMPLES = 5  # malformed rows quoted in the report
+# A column malformed in more than half of the rows read is a wrong schema, not dirty data: checked
+# once this many rows were read, and at the end of every pass.
+MAJORITY_MIN_ROWS = 500
 
 
 class NoSplitError(DataError):
@@ -53,15 +56,37 @@ class ProblemReport:
     unit: str = "line"
     malformed: int = 0
     examples: list[tuple[int, str]] = field(default_factory=list)  # (line, problem), the first few
+    rows_read: int = 0  # rows seen in this pass, well-formed or not
+    by_column: dict[str, int] = field(default_factory=dict)  # malformed rows per column at fault ("" = field count)
 
-    def add(self, line: int, problem: str) -> None:
+    def add(self, line: int, problem: str, column: str = "") -> None:
         self.malformed += 1
+        self.by_column[column] = self.by_column.get(column, 0) + 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append((line, problem))
 
-    def count_more(self, n: int) -> None:
+    def count_more(self, n: int, column: str = "") -> None:
         """Count ``n`` malformed rows without quoting them (the examples are full)."""
         self.malformed += n
+        self.by_column[column] = self.by_column.get(column, 0) + n
+
+    def count_rows(self, n: int) -> None:
+        """``n`` more rows were read; raises DataError once a column is malformed in most of them."""
+        self.rows_read += n
+        self.check_columns(MAJORITY_MIN_ROWS)
+
+    def check_columns(self, min_rows: int = 1) -> None:
+        """DataError if, after at least ``min_rows`` rows, one column is malformed in more than half of them."""
+        if self.rows_read < min_rows:
+            return
+        for column, bad in self.by_column.items():
+            if column and 2 * bad > self.rows_read:
+                quoted = [(line, p) for line, p in self.examples if p.startswith(f"column {column}:")] or self.examples
+                example = f"; first: {self.unit} {quoted[0][0]}: {quoted[0][1]}" if quoted else ""
+                raise DataError(
+                    f"{self.path}: column {column} is malformed in {bad} of the {self.rows_read} rows read{example}"
+                    " (is the column declared with the right role in data.schema?)"
+                )
 
     @property
     def wants_examples(self) -> bool:

@@ -50,7 +50,8 @@ class ParquetFile:
         return sum(self.row_group_rows)
 
     @staticmethod
-    def open(path: str | Path, schema: Schema) -> ParquetFile:
+    def open(path: str | Path, schema: Schema, label_optional: bool = False) -> ParquetFile:
+        """Open and validate; with ``label_optional`` a file without the label column is read unlabeled."""
         p = Path(path)
         display = str(path)
         if not p.is_file():
@@ -62,6 +63,8 @@ class ParquetFile:
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{display}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
         names = meta.schema_arrow.names
+        if label_optional and schema.label not in names:
+            schema = schema.without_label()
         absent = [c for c in schema.needed if c not in names]
         if absent:
             raise DataError(f"{display}: schema names column(s) {absent} that the file does not have; it has {names}")
@@ -91,13 +94,17 @@ class ParquetFile:
                 block, err = parser.parse(batch)
                 bad_rows = np.flatnonzero(err)
                 for r in bad_rows.tolist():
-                    if not (strict or report.wants_examples):
-                        report.count_more(1)
+                    column = parser.codes[int(err[r]) - 1]
+                    fatal = parser.is_fatal(batch, r, int(err[r]))
+                    if not (strict or fatal or report.wants_examples):
+                        report.count_more(1, column)
                         continue
                     message = parser.problem(batch, r, int(err[r]))
-                    if strict:
+                    if strict or fatal:
                         raise strict_error(self.display, "row", batch_start + a + r + 1, message)
-                    report.add(batch_start + a + r + 1, message)
+                    report.add(batch_start + a + r + 1, message, column)
+                report.count_rows(batch.num_rows)
+                block = block.with_rows(np.arange(batch_start + a, batch_start + b, dtype=np.int64))
                 yield block.select(err == 0) if len(bad_rows) else block
         finally:
             meta.close()

@@ -12,6 +12,7 @@ tab-separated without a header for format ``"criteo"``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tierec.config import SchemaConfig
@@ -46,11 +47,21 @@ class Schema:
     encoding: str  # "hash" | "hex"
     delimiter: str  # CSV/TSV field delimiter ("" for Parquet)
     quoting: bool  # CSV fields may be quoted
+    label_threshold: float = 0.0  # 0: labels are 0/1 (or in between); else label >= threshold is 1
+
+    @property
+    def labeled(self) -> bool:
+        """False for a file without its label column (new data to score); its labels read as 0."""
+        return bool(self.label)
 
     @property
     def needed(self) -> tuple[str, ...]:
         """Every column the reader must find."""
-        return (self.label, *self.dense, *self.categorical)
+        return (self.label, *self.dense, *self.categorical) if self.label else (*self.dense, *self.categorical)
+
+    def without_label(self) -> Schema:
+        """The schema of the same file without its label column (Criteo's test layout: 39 columns)."""
+        return dataclasses.replace(self, label="", columns=tuple(c for c in self.columns if c != self.label))
 
     @property
     def delimiter_name(self) -> str:
@@ -77,7 +88,7 @@ def criteo_schema(header: bool = False, delimiter: str = "\t") -> Schema:
 def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
     """The schema for a file of format ``fmt`` (criteo | csv | tsv | parquet)."""
     if fmt == "criteo":
-        return criteo_schema(header=False)
+        return dataclasses.replace(criteo_schema(header=False), label_threshold=cfg.label_threshold)
     delimiter = cfg.delimiter or _DELIMITERS.get(fmt, "")
     if cfg.preset == "criteo":
         base = criteo_schema(header=cfg.header, delimiter=delimiter)
@@ -93,12 +104,12 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
     if fmt == "parquet":
         delimiter = ""
     elif not cfg.header and not columns:
-        raise DataError("schema.header is false but schema.columns does not name the file's columns")
+        raise DataError("data.schema.header is false but data.schema.columns does not name the file's columns")
     if not dense and not categorical:
-        raise DataError("schema names no dense and no categorical columns (set schema.dense / schema.categorical)")
+        raise DataError("schema names no dense and no categorical columns (set data.schema.dense / data.schema.categorical)")
     not_categorical = [c for c in cfg.multi_valued if c not in categorical]
     if not_categorical:
-        raise DataError(f"schema.multi_valued names columns that are not categorical: {not_categorical}")
+        raise DataError(f"data.schema.multi_valued names columns that are not categorical: {not_categorical}")
     names = (label, *dense, *categorical)
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
@@ -108,7 +119,7 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
     if columns:
         absent = [c for c in names if c not in columns]
         if absent:
-            raise DataError(f"schema names column(s) {absent} that are not in schema.columns {list(columns)}")
+            raise DataError(f"schema names column(s) {absent} that are not in data.schema.columns {list(columns)}")
     return Schema(
         label=label,
         dense=dense,
@@ -121,4 +132,5 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
         encoding=encoding,
         delimiter=delimiter,
         quoting=delimiter not in ("\t", ""),
+        label_threshold=cfg.label_threshold,
     )

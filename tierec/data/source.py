@@ -92,6 +92,10 @@ class BatchSource:
         return self._meta.num_rows
 
     @property
+    def labeled(self) -> bool:
+        return self._meta.labeled
+
+    @property
     def num_batches(self) -> int | None:
         if self._meta.num_rows is None:
             return None
@@ -119,6 +123,8 @@ class BatchSource:
             if report is not None:
                 if finished and rows_seen == 0 and report.malformed and start == 0:
                     raise DataError(f"{report.summary()}; no well-formed rows at all (wrong format or delimiter?)")
+                if finished:
+                    report.check_columns()
                 report.warn()
 
 
@@ -129,10 +135,18 @@ class SourceMeta:
     multi_hot: tuple[str, ...]
     num_rows: int | None
     problems: ProblemReport  # before any pass: empty, or what the shards recorded
+    labeled: bool = True  # False: a file without its label column (labels read as 0)
 
 
-def open_source(cfg: DataConfig, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False) -> BatchSource:
-    """The ``split`` ("train", "test" or "all") of ``cfg.source`` as batches of ``batch_size``."""
+def open_source(
+    cfg: DataConfig, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False, label_optional: bool = False
+) -> BatchSource:
+    """The ``split`` ("train", "test" or "all") of ``cfg.source`` as batches of ``batch_size``.
+
+    ``label_optional`` (scoring new data): a file whose header lacks the label column, or
+    whose lines have one field fewer than the schema's columns, is read without labels
+    (``labeled`` is False and the labels read as 0).
+    """
     if split not in SPLITS:
         raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
     if batch_size <= 0:
@@ -142,7 +156,7 @@ def open_source(cfg: DataConfig, split: str, batch_size: int, *, start_batch: in
     if split == "test" and cfg.test_source:
         rows, meta = _whole_file_or_source(cfg, cfg.test_source)
     else:
-        rows, meta = _split_of(cfg, split)
+        rows, meta = _split_of(cfg, split, label_optional)
     return BatchSource(rows, meta, batch_size, start_batch, drop_last)
 
 
@@ -165,7 +179,7 @@ def infer_format(source: str, fmt: str = "auto") -> str:
     raise DataError(f"{source}: cannot infer the format from the name; set data.format (criteo, csv, tsv, parquet)")
 
 
-def _split_of(cfg: DataConfig, split: str) -> tuple[_Rows, SourceMeta]:
+def _split_of(cfg: DataConfig, split: str, label_optional: bool = False) -> tuple[_Rows, SourceMeta]:
     fmt = infer_format(cfg.source, cfg.format)
     if fmt == "synthetic":
         data = SyntheticData(cfg.synthetic)
@@ -179,7 +193,7 @@ def _split_of(cfg: DataConfig, split: str) -> tuple[_Rows, SourceMeta]:
         rows = _ChainRows([(_ShardRows(shards, p), shards.num_rows(p)) for p in parts])
         problems = ProblemReport.merged(str(cfg.source), [shards.problems(p) for p in parts])
         return rows, SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, rows.num_rows, problems)
-    file = _open_file(cfg.source, fmt, cfg)
+    file = _open_file(cfg.source, fmt, cfg, label_optional)
     n = file.data_lines
     if split == "all":
         first, stop = 0, n
@@ -209,16 +223,18 @@ def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta
     return _FileRows(file, 0, file.data_lines, cfg.strict), _file_meta(file, file.data_lines)
 
 
-def _open_file(path: str, fmt: str, cfg: DataConfig) -> TextFile | ParquetFile:
+def _open_file(path: str, fmt: str, cfg: DataConfig, label_optional: bool = False) -> TextFile | ParquetFile:
     if not Path(path).exists():  # before any schema complaint
         raise DataError(f"{path}: no such file")
     schema = resolve_schema(cfg.schema, fmt)
-    return ParquetFile.open(path, schema) if fmt == "parquet" else TextFile.open(path, schema)
+    if fmt == "parquet":
+        return ParquetFile.open(path, schema, label_optional)
+    return TextFile.open(path, schema, label_optional)
 
 
 def _file_meta(file: TextFile | ParquetFile, num_rows: int) -> SourceMeta:
     s = file.schema
-    return SourceMeta(s.categorical, s.dense, s.multi_valued, num_rows, _new_report(file))
+    return SourceMeta(s.categorical, s.dense, s.multi_valued, num_rows, _new_report(file), s.labeled)
 
 
 def _new_report(file: TextFile | ParquetFile) -> ProblemReport:

@@ -88,7 +88,8 @@ class TextFile:
         return self.index.n_lines - (1 if self.schema.header else 0)
 
     @staticmethod
-    def open(path: str | Path, schema: Schema) -> TextFile:
+    def open(path: str | Path, schema: Schema, label_optional: bool = False) -> TextFile:
+        """Open and validate; with ``label_optional`` a file without the label column is read unlabeled."""
         p = Path(path)
         display = str(path)
         if not p.exists():
@@ -103,8 +104,16 @@ class TextFile:
                 names = _header_names(fh.readline(), schema, display)
             if index.n_lines <= 1:
                 raise DataError(f"{display}: file has a header but no data rows")
+            if label_optional and schema.label not in names:
+                schema = schema.without_label()
         else:
             names = schema.columns
+            if label_optional and schema.label in names:  # one field fewer than the schema's columns: no label
+                with p.open("rb") as fh:
+                    fields = len(_header_names(fh.readline(), schema, display))
+                if fields == len(names) - 1:
+                    schema = schema.without_label()
+                    names = schema.columns
         absent = [c for c in schema.needed if c not in names]
         if absent:
             raise DataError(f"{display}: schema names column(s) {absent} that the file does not have; it has {list(names)}")
@@ -153,10 +162,12 @@ class TextFile:
             for batch in batches:
                 block, err = parser.parse(batch)
                 bad_rows = np.flatnonzero(err)
-                lines, invalid = tracker.advance(batch.num_rows, bad_rows)
-                bad: list[Problem] = [(line, (batch, int(r))) for line, r in zip(lines, bad_rows)]
+                lines, invalid = tracker.advance(batch.num_rows)  # [m] file line of every accepted row
+                bad: list[Problem] = [(int(lines[r]), (batch, int(r))) for r in bad_rows]
                 problems: list[Problem] = sorted([*invalid, *bad], key=lambda x: x[0])
                 _report(problems, report, strict, self.display, parser, err)
+                report.count_rows(batch.num_rows + len(invalid))
+                block = block.with_rows(lines - (head + 1))  # 0-based data rows
                 yield block.select(err == 0) if len(bad_rows) else block
         except pa.ArrowInvalid as e:
             raise DataError(f"{self.display}: {str(e).splitlines()[0]}") from None
@@ -185,13 +196,15 @@ def _report(
 ) -> None:
     """Record problems in line order: ``(line, message)`` or ``(line, (batch, row))``."""
     for line, what in problems:
-        if not report.wants_examples and not strict:
-            report.count_more(1)
+        column = "" if isinstance(what, str) else parser.codes[int(err[what[1]]) - 1]  # type: ignore[index]
+        fatal = not isinstance(what, str) and parser.is_fatal(what[0], what[1], int(err[what[1]]))  # type: ignore[index]
+        if not (report.wants_examples or strict or fatal):
+            report.count_more(1, column)
             continue
-        message = what if isinstance(what, str) else parser.problem(what[0], what[1], int(err[what[1]]))
-        if strict:
+        message = what if isinstance(what, str) else parser.problem(what[0], what[1], int(err[what[1]]))  # type: ignore[index]
+        if strict or fatal:
             raise strict_error(display, "line", line, message)
-        report.add(line, message)
+        report.add(line, message, column)
 
 
 class _LineTracker:
@@ -201,19 +214,15 @@ class _LineTracker:
         self.next_line = first_line
         self.invalid: deque[tuple[int, str]] = deque()  # (line, message), in file order
 
-    def advance(self, m: int, rows: np.ndarray) -> tuple[list[int], list[tuple[int, str]]]:
-        """Consume a batch of ``m`` accepted rows; file lines of ``rows`` and the rejected lines among them."""
+    def advance(self, m: int) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Consume a batch of ``m`` accepted rows: their file lines [m] and the rejected lines among them."""
         end = self.next_line + m - 1
         popped: list[tuple[int, str]] = []
         while self.invalid and self.invalid[0][0] <= end:
             popped.append(self.invalid.popleft())
             end += 1
-        lines = []
-        for r in rows.tolist():
-            line = self.next_line + r
-            for inv, _ in popped:
-                if inv <= line:
-                    line += 1
-            lines.append(line)
+        lines = np.arange(self.next_line, end + 1, dtype=np.int64)
+        if popped:
+            lines = lines[~np.isin(lines, np.array([line for line, _ in popped], np.int64))]
         self.next_line = end + 1
         return lines, popped

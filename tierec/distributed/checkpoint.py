@@ -1,21 +1,16 @@
-"""Sharded checkpoints: one file per rank plus a manifest, loadable on any number of processes.
+"""Checkpoints saved by several processes, loadable on any number of processes.
 
-On disk (next to single-process checkpoints, same ``latest`` pointer and pruning)::
+Every rank writes its part into the checkpoint's hidden directory (its non-row
+tensors in ``tensors-RRRRR.safetensors``, rank 0's in ``tensors.safetensors``
+with the dense model, and its rows in chunk files ``rows-RRRRR-CCCCCC``); rank 0
+then writes ``meta.json`` (world size, every file's size), renames the
+directory into place and only then moves ``latest`` (the directory must be on
+a file system every rank sees). The format is the single-process one
+(:mod:`tierec.train.checkpoint`). Rows are keyed by id, so resharding is
+simple: a rank of the new job reads every chunk and keeps the rows it owns.
 
-    checkpoints/
-      step_00000100/
-        manifest.json                       # world size, shard files and sizes, row-sharded names, meta
-        shard-00000-of-00004.safetensors    # rank 0: dense model, optimizer, RNG, and its rows
-        shard-00001-of-00004.safetensors    # rank 1: its rows
-        ...
-      latest
-
-Every rank writes its shard into a hidden directory; rank 0 then writes the
-manifest, renames the directory into place and only then moves ``latest``
-(the directory must be on a file system every rank sees). The embedding state
-is keyed by ids (``{table}.ids``, ``{table}.weights``, ``{table}.opt.*``), so
-resharding is simple: a rank of the new job reads every shard and keeps the
-rows it owns; one process (``load_any``) concatenates them.
+Checkpoints of the previous sharded format (``manifest.json`` and one
+``shard-RRRRR-of-WWWWW.safetensors`` per rank) are still read by ``load_any``.
 
 >>> from tierec.distributed.checkpoint import shard_file
 >>> shard_file(1, 4)
@@ -25,15 +20,13 @@ rows it owns; one process (``load_any``) concatenates them.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from tierec.config import ConfigError
@@ -41,22 +34,19 @@ from tierec.distributed.context import DistContext
 from tierec.embedding.storage import combine_shards
 from tierec.paths import quote, safe_member
 from tierec.train.checkpoint import (
-    _STEP_DIR,
-    LATEST_FILE,
+    STEP_DIR,
     CheckpointError,
-    _fsync_dir,
-    _fsync_file,
-    _prepare_tensors,
-    _remove_debris,
-    _step_dirs,
-    _write_atomically,
-    _write_durably,
+    RowChunks,
+    begin_checkpoint,
+    check_meta,
     checkpoint_name,
+    commit_checkpoint,
     latest_checkpoint,
     load_checkpoint,
+    write_part,
 )
 
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = "manifest.json"  # the previous sharded format
 SHARDED_FORMAT = 1
 _REPLICATED = re.compile(r"(.*/)?group\d+\.step")  # a table group's update count: the same in every shard
 
@@ -74,56 +64,29 @@ def is_row_key(name: str) -> bool:
 
 
 def save_sharded(
-    ctx: DistContext, run_dir: Path | str, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], keep: int = 2
+    ctx: DistContext,
+    run_dir: Path | str,
+    step: int,
+    tensors: dict[str, Tensor],
+    meta: dict[str, Any],
+    keep: int = 2,
+    rows: RowChunks = (),
 ) -> Path:
-    """Every rank calls this with its own tensors; rank 0's ``meta`` and non-row tensors are kept.
+    """Every rank calls this with its own non-row tensors and row chunks; rank 0's ``meta`` is kept.
 
     A collective: returns once the checkpoint is published on every rank.
     """
     run_dir = Path(run_dir)
-    final = run_dir / checkpoint_name(step)
-    tmp = run_dir / f".tmp-{final.name}-sharded"
+    check_meta(step, keep, meta)
+    tmp = run_dir / f".tmp-{checkpoint_name(step)}-sharded"
     if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _remove_debris(run_dir)
-        tmp.mkdir()
+        begin_checkpoint(run_dir, step, tag="sharded")
     ctx.barrier()
-    # 1. every rank writes its shard; non-row state (dense model, optimizer, RNG) only on rank 0
-    mine = tensors if ctx.is_main else {k: v for k, v in tensors.items() if is_row_key(k)}
-    path = tmp / shard_file(ctx.rank, ctx.world_size)
-    save_file(_prepare_tensors(mine), path)
-    _fsync_file(path)
-    sizes = [0] * ctx.world_size
-    size = path.stat().st_size
-    if ctx.is_distributed:
-        t = torch.zeros(ctx.world_size, dtype=torch.int64)
-        t[ctx.rank] = size
-        dist.all_reduce(t, group=ctx.dense_group)
-        sizes = t.tolist()
-    else:
-        sizes = [size]
-    # 2. rank 0 publishes: manifest, rename, then `latest`, then prunes
-    if ctx.is_main:
-        record = {
-            **meta,
-            "step": step,
-            "_sharded": {
-                "format": SHARDED_FORMAT,
-                "world_size": ctx.world_size,
-                "shards": [{"file": shard_file(r, ctx.world_size), "bytes": sizes[r]} for r in range(ctx.world_size)],
-            },
-        }
-        _write_durably(tmp / MANIFEST_FILE, json.dumps(record, indent=1))
-        _fsync_dir(tmp)
-        if final.exists():
-            os.replace(final, run_dir / f".trash-{final.name}-sharded")
-        os.replace(tmp, final)
-        _fsync_dir(run_dir)
-        _write_atomically(run_dir / LATEST_FILE, final.name + "\n")
-        for old in _step_dirs(run_dir)[:-keep]:
-            if old.name != final.name:
-                os.replace(old, run_dir / f".trash-{old.name}")
-        _remove_debris(run_dir)
+    write_part(tmp, ctx.rank, tensors, rows)  # 1. every rank writes its part, a chunk at a time
+    ctx.barrier()
+    final = run_dir / checkpoint_name(step)
+    if ctx.is_main:  # 2. rank 0 publishes: meta.json, rename, then `latest`, then prunes
+        commit_checkpoint(run_dir, tmp, step, meta, ctx.world_size, keep)
     ctx.barrier()
     return final
 
@@ -134,7 +97,7 @@ def save_sharded(
 def resolve_checkpoint(path_or_run_dir: Path | str) -> Path | None:
     """The checkpoint directory meant by a step directory or a run's checkpoints/ (its latest)."""
     path = Path(path_or_run_dir)
-    if _STEP_DIR.fullmatch(path.name) or (path / MANIFEST_FILE).exists() or (path / "meta.json").exists():
+    if STEP_DIR.fullmatch(path.name) or (path / MANIFEST_FILE).exists() or (path / "meta.json").exists():
         return path if path.is_dir() else None
     return latest_checkpoint(path)
 

@@ -233,11 +233,11 @@ class HotReplica:
         group.lookup(keys, tabs, insert=True)  # rows 0..H'-1
         staying = np.flatnonzero(old_rows >= 0)
         if staying.size:
-            group.write_records(keys[staying], tabs[staying], self.group.read_records(keys[staying], tabs[staying])[1])
+            group.put_records(keys[staying], tabs[staying], self.group.records_of(keys[staying], tabs[staying])[1])
         present = np.flatnonzero(buf[:, width].numpy() > 0)  # the owner had the row
         if present.size:
             j = joining[present]
-            group.write_records(keys[j], tabs[j], buf[torch.from_numpy(present), :width].numpy())
+            group.put_records(keys[j], tabs[j], buf[torch.from_numpy(present), :width].numpy())
         self.group, self.keys, self.tabs = group, keys.copy(), tabs.astype(np.int32)
 
     def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of, width: int) -> Tensor:
@@ -248,7 +248,7 @@ class HotReplica:
         m = int(per_rank.max()) if keys.size else 0
         mine = np.flatnonzero(who == ctx.rank)
         send = torch.zeros(m, width + 1)
-        found, records = owner.read_records(keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
+        found, records = owner.records_of(keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
         have = np.flatnonzero(found)
         if have.size:
             send[torch.from_numpy(have), :width] = torch.from_numpy(records[have])
@@ -277,7 +277,7 @@ class HotReplica:
 
     def _write_back(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """The replica's records of (keys, tabs) into the owner's storage, wherever it keeps them."""
-        self.owner.write_records(keys, tabs, self.group.read_records(keys, tabs)[1])
+        self.owner.put_records(keys, tabs, self.group.records_of(keys, tabs)[1])
 
     def clear(self) -> None:
         """Forget the hot set (after loading a checkpoint, whose rows are all with their owners)."""

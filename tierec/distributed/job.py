@@ -144,33 +144,29 @@ class Job:
 
     # ------------------------------------------------------------ checkpoints
 
-    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], save_one: Callable) -> None:
-        """One checkpoint file (``save_one``), or one shard per rank."""
+    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], rows: Any, save_one: Callable) -> None:
+        """``save_one`` on one process; several: every rank writes its own rows (``rows``: streamed chunks)."""
         if not self.distributed:
-            save_one(ckpt_dir, step, tensors, meta)
+            save_one(ckpt_dir, step, tensors, meta, rows=rows)
             return
         from tierec.distributed.checkpoint import save_sharded
 
-        save_sharded(self.ctx, ckpt_dir, step, tensors, meta)
+        save_sharded(self.ctx, ckpt_dir, step, tensors, meta, rows=rows)
 
-    def load(self, ckpt_dir: Path, restore: Callable, load_rows: Callable) -> dict[str, Any] | None:
-        """Restore the newest checkpoint of either kind; every shard's rows go to their owners. Its meta, or None."""
-        from tierec.distributed.checkpoint import checkpoint_meta, is_sharded, iter_shards, load_any, resolve_checkpoint
+    def load_sharded(self, ckpt: Path, restore: Callable, load_rows: Callable) -> dict[str, Any]:
+        """Restore a checkpoint of the previous sharded format: every shard's rows go to their owners. Its meta."""
+        from tierec.distributed.checkpoint import checkpoint_meta, iter_shards, load_any
 
-        ckpt = resolve_checkpoint(ckpt_dir)
-        if ckpt is None:
-            return None
-        if self.distributed and is_sharded(ckpt):
-            meta = checkpoint_meta(ckpt)
-            for i, shard in enumerate(iter_shards(ckpt)):  # every rank reads every shard, keeps its rows
-                if i == 0:
-                    restore(shard, meta["state"])
-                else:
-                    load_rows(shard)
-        else:
+        if not self.distributed:
             tensors, meta = load_any(ckpt)
             restore(tensors, meta["state"])
-        self.steps_run = int(meta["position"]["step"])
+            return meta
+        meta = checkpoint_meta(ckpt)
+        for i, shard in enumerate(iter_shards(ckpt)):
+            if i == 0:
+                restore(shard, meta["state"])
+            else:
+                load_rows(shard)
         return meta
 
     def close(self) -> None:

@@ -382,6 +382,34 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # --------------------------------------------------------------- state
 
+    def state_meta(self) -> dict[str, Tensor]:
+        """This rank's non-row state (group steps, store counters), keyed like ``EmbeddingCollection.state_meta``."""
+        return self.local.state_meta()
+
+    def iter_rows(self, chunk_bytes: int = 1 << 24):
+        """This rank's rows (hot rows it owns included) in bounded chunks, like ``EmbeddingCollection.iter_rows``."""
+        for shard in self.shards:
+            shard.hot.flush_to_owner(shard.owner_of)
+        yield from self.local.iter_rows(chunk_bytes)
+
+    def load_state_meta(self, sd: dict[str, Tensor]) -> None:
+        self.local.load_state_meta(sd)
+        for shard in self.shards:
+            shard.hot.clear()  # loaded rows are all with their owners
+
+    def load_rows(self, table: str, records: dict[str, Tensor]) -> None:
+        """Load the rows of one chunk (saved on any number of ranks) that this rank owns."""
+        for shard in self.shards:
+            for ti, t in enumerate(shard.owner.tables):
+                if t.name != table:
+                    continue
+                ids = records["ids"].numpy().astype(np.int64, copy=False)
+                keep = shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank
+                if keep.any():
+                    self.local.load_rows(table, _select_rows(records, keep))
+                return
+        raise KeyError(f"no table {table!r} in this model")
+
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]
         """This rank's rows (hot rows it owns included), keyed like ``EmbeddingCollection.state_dict``."""
         for shard in self.shards:
@@ -394,19 +422,34 @@ class ShardedEmbeddingCollection(nn.Module):
         Call it once per shard of a checkpoint saved on any number of ranks.
         """
         # A table group's update count is in shard 0 only; the other shards keep the current one.
-        for gi, g in enumerate(self.groups):
-            if f"group{gi}.step" in sd:
-                g.step = int(sd[f"group{gi}.step"])
+        mine: dict[str, Tensor] = {f"group{gi}.step": torch.tensor(g.step) for gi, g in enumerate(self.groups)}
+        mine.update({k: v for k, v in sd.items() if k in mine})
         for shard in self.shards:
             for ti, t in enumerate(shard.owner.tables):
                 prefix = f"{t.name}."
                 part = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
                 if "ids" not in part:
-                    if strict:
-                        raise KeyError(f"state dict has no rows for table {t.name!r}")
                     continue
                 ids = part["ids"].numpy().astype(np.int64, copy=False)
-                keep = shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank
-                # the storage cuts its own state to the rows kept; rank 0 keeps the table's event counters
-                shard.owner.load_table_state(ti, part, keep=keep, totals=self.ctx.rank == 0)
+                keep = torch.from_numpy(shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank)
+                mine.update({prefix + k: v[keep] for k, v in part.items()})
             shard.hot.clear()
+        self.local.load_state_dict(mine, strict=strict)
+
+
+def _select_rows(records: dict[str, Tensor], keep: np.ndarray) -> dict[str, Tensor]:
+    """The records of rows ``keep`` [n] bool.
+
+    A pruned table's ``chunked.*`` fields hold each row's values back to back, in
+    proportion to its ``dims`` (values per dim: 1 for weights, 1 / chunk for importances).
+    """
+    k = torch.from_numpy(keep)
+    out = {}
+    dims = records["dims"].numpy().astype(np.int64) if "dims" in records else None
+    for name, v in records.items():
+        if name.startswith("chunked.") and dims is not None:
+            per_dim = v.shape[0] / max(int(dims.sum()), 1)
+            out[name] = v[torch.from_numpy(np.repeat(keep, (dims * per_dim).astype(np.int64)))]
+        else:
+            out[name] = v[k]
+    return out

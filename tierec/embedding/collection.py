@@ -20,7 +20,7 @@ torch.Size([2, 2, 4])
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import numba
 import numpy as np
@@ -147,6 +147,43 @@ class EmbeddingCollection(nn.Module):
         return sum(g.resident_nbytes() for g in self.groups)
 
     # ----------------------------------------------------------------- state
+
+    def state_meta(self) -> dict[str, Tensor]:
+        """The small non-row state: ``group{i}.step`` and each table's ``{table}.<meta>`` (counters, clocks)."""
+        sd: dict[str, Tensor] = {}
+        for gi, g in enumerate(self.groups):
+            sd[f"group{gi}.step"] = torch.tensor(g.step, dtype=torch.int64)
+            for ti, t in enumerate(g.tables):
+                sd.update({f"{t.name}.{k}": v for k, v in g.table_meta(ti).items()})
+        return sd
+
+    def iter_rows(self, chunk_bytes: int = 1 << 24) -> Iterator[tuple[str, dict[str, Tensor]]]:
+        """``(table name, records)`` of every row, a chunk of at most about ``chunk_bytes`` at a time."""
+        for g in self.groups:
+            max_rows = max(1, chunk_bytes // g.bytes_per_row())
+            for ti, t in enumerate(g.tables):
+                for chunk in g.iter_records(ti, max_rows):
+                    yield t.name, chunk
+
+    def load_state_meta(self, sd: dict[str, Tensor]) -> None:
+        for gi, g in enumerate(self.groups):
+            if f"group{gi}.step" in sd:
+                g.step = int(sd[f"group{gi}.step"])
+            for ti, t in enumerate(g.tables):
+                prefix = f"{t.name}."
+                g.load_table_meta(ti, {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
+
+    def load_rows(self, table: str, records: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) one chunk of ``iter_rows`` output; rows of unknown tables are an error."""
+        g, ti = self._table_slot(table)
+        g.write_records(ti, records)
+
+    def _table_slot(self, name: str) -> tuple[TableGroup, int]:
+        for g in self.groups:
+            for ti, t in enumerate(g.tables):
+                if t.name == name:
+                    return g, ti
+        raise KeyError(f"no table {name!r} in this model")
 
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]
         """Plain tensors only: ``{table}.ids``, ``{table}.weights``, ``{table}.opt.*``, ``group{i}.step``."""

@@ -214,7 +214,7 @@ class TableGroup:
         parts += [s.index_select(0, rows).reshape(rows.shape[0], -1) for s in self.state.values()]
         return torch.cat(parts, 1).cpu().numpy()
 
-    def read_records(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
         found = rows >= 0
         out = np.zeros((keys.shape[0], self.record_width), dtype=np.float32)
@@ -222,7 +222,7 @@ class TableGroup:
             out[found] = self._record_of(torch.from_numpy(rows[found]).to(self.device))
         return found, out
 
-    def write_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).to(self.device)
         rec = torch.from_numpy(np.ascontiguousarray(records, dtype=np.float32)).to(self.device)
         self.weights[rows] = rec[:, : self.dim]
@@ -234,30 +234,55 @@ class TableGroup:
 
     # ------------------------------------------------------------ state
 
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """The rows of table ``t`` as plain tensors: ids [n], weights [n, D], state [n, ...]."""
-        rows, ids = self.index.ids_of(t)
+    # Checkpoints stream a table as row records in bounded chunks: ``iter_records``
+    # yields them, ``write_records`` takes them back (insert or overwrite), and the
+    # table's few non-row tensors travel apart (``table_meta`` / ``load_table_meta``).
+    # ``table_state`` / ``load_table_state`` are the whole table at once (small tables, tests).
+
+    def row_extent(self) -> int:
+        """Row numbers in use lie in ``[0, row_extent())`` (holes allowed)."""
+        return self.index.num_rows
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        """Rows [n] int64 of table ``t`` among row numbers ``[lo, hi)``, ascending."""
+        return lo + np.flatnonzero(self.index.row_tabs[lo:hi] == t)
+
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Row records of ``rows`` (all of table ``t``): ids [n], weights [n, D], opt.* [n, ...]."""
         r = torch.from_numpy(rows).to(self.device)
-        out = {"ids": torch.from_numpy(ids.copy()), "weights": self.weights.index_select(0, r).cpu()}
+        out = {"ids": torch.from_numpy(self.index.row_keys[rows]), "weights": self.weights.index_select(0, r).cpu()}
         for name, s in self.state.items():
             out[f"opt.{name}"] = s.index_select(0, r).cpu()
         return out
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor], keep: np.ndarray | None = None, totals: bool = True) -> None:
-        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output (where ``keep`` [n])."""
-        sd = select_rows(sd, keep)
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        extent = self.row_extent()
+        for lo in range(0, extent, max(int(max_rows), 1)):
+            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
+            if rows.size:
+                yield self.records(t, rows)
+
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        """Non-row state of table ``t`` (counters, clocks); none for a plain group."""
+        return {}
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Put back what ``table_meta`` gave (extra keys are ignored)."""
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of one chunk of ``iter_records`` output."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).to(self.device)
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)
 
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
 
-def select_rows(sd: dict[str, Tensor], keep: np.ndarray | None, per_row: tuple[str, ...] = ()) -> dict[str, Tensor]:
-    """A table state with its per-row entries (``ids``, ``weights``, ``opt.*`` and ``per_row``) cut to
-    the rows where ``keep`` [n]; the other entries unchanged."""
-    if keep is None:
-        return sd
-    idx = torch.from_numpy(np.flatnonzero(keep))
-    rowwise = {"ids", "weights", *per_row}
-    return {k: v.index_select(0, idx) if k in rowwise or k.startswith("opt.") else v for k, v in sd.items()}
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        self.load_table_meta(t, sd)
+        self.write_records(t, sd)

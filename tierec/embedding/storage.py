@@ -24,10 +24,12 @@ checkpoints) uses only these methods:
 - ``update(rows, grad, accesses=None)``: the fused optimizer on unique rows
   (``accesses``: how many ids of the batch each row served, for storages that
   count them);
-- ``read_records`` / ``write_records``: whole row records (weights and
-  optimizer state, ``record_width`` floats) by ``(table, id)``, wherever they
-  live, for moves between tiers, ranks and checkpoints;
-- ``table_state`` / ``load_table_state``: a table's rows as named tensors;
+- ``records_of`` / ``put_records``: whole row records (weights and optimizer
+  state, ``record_width`` floats) by ``(table, id)``, wherever they live, for
+  moves between tiers and ranks (hot-row replication);
+- ``iter_records`` / ``write_records`` (and ``table_meta`` / ``load_table_meta``):
+  a table's rows as named tensors, streamed in bounded chunks (checkpoints);
+  ``table_state`` / ``load_table_state``: the whole table at once;
 - bytes (``nbytes``, ``resident_nbytes``) and statistics (``rows_per_table``,
   ``tier_stores``: the tiered stores behind it, for the store's monitor).
 
@@ -134,21 +136,26 @@ class RowStorage(Protocol):
     def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None: ...
 
     # -- whole records, by (table, id)
-    def read_records(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found [n] bool, records [n, record_width] float32; zeros where not found)."""
         ...
 
-    def write_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         """Insert or overwrite the rows of unique pairs with ``records`` [n, record_width]."""
         ...
 
-    # -- tables as named tensors (checkpoints)
+    # -- tables as named tensors, streamed (checkpoints)
+    def iter_records(self, t: int, max_rows: int) -> Any: ...
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None: ...
+
+    def table_meta(self, t: int) -> dict[str, Tensor]: ...
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None: ...
+
     def table_state(self, t: int) -> dict[str, Tensor]: ...
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor], keep: np.ndarray | None = None, totals: bool = True) -> None:
-        """Insert (or overwrite) rows from ``table_state`` output; only rows where ``keep`` [n] when given
-        (one shard of a checkpoint; then the table's event counters are added, when ``totals``)."""
-        ...
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None: ...
 
     # -- bytes and statistics
     def rows_per_table(self) -> np.ndarray: ...

@@ -40,7 +40,6 @@ from torch import Tensor
 
 from tierec.config import ConfigError, OptimizerKind, PruneConfig
 from tierec.embedding import kernels as engine_kernels
-from tierec.embedding.group import select_rows
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
@@ -458,28 +457,25 @@ class PrunedGroup:
 
     # ------------------------------------------------------------------- state
 
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """Rows of table ``t`` with their own dims, compactly.
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Records of ``rows`` (all of table ``t``) with their own dims, compactly.
 
         ``ids`` [n], ``dims`` [n] int32, ``chunked.weights`` [sum(dims)] (each row's
         prefix, rows in order), ``chunked.opt.<name>`` likewise for per-dim state,
         ``opt.<name>`` [n] per-row state, ``chunked.importance`` [sum(dims)/c],
-        ``next_importance`` [n], ``pruned_chunks`` / ``regrown_chunks`` / ``evicted_rows`` counters.
+        ``next_importance`` [n], ``access_count`` [n].
         """
-        rows, ids = self.index.ids_of(t)
+        ids = self.index.row_keys[rows]
         live = self.live_chunks(rows)
         dmask = np.arange(self.dim) < (live * self.chunk)[:, None]  # [n, D]
         cmask = np.arange(self.n_pos) < live[:, None]  # [n, K]
         out = {
-            "ids": torch.from_numpy(ids.copy()),
+            "ids": torch.from_numpy(ids),
             "dims": torch.from_numpy((live * self.chunk).astype(np.int32)),
             "chunked.weights": torch.from_numpy(self._gather_dense("weights", rows)[dmask]),
             "chunked.importance": torch.from_numpy(self.chunks.importance[self.cmap[rows][cmask]].copy()),
             "next_importance": torch.from_numpy(self.next_imp[rows].copy()),
             "access_count": torch.from_numpy(self.count[rows].copy() if self.shrinkage else np.zeros(rows.shape[0], np.float32)),
-            "pruned_chunks": torch.tensor(int(self.pruned[t])),
-            "regrown_chunks": torch.tensor(int(self.regrown[t])),
-            "evicted_rows": torch.tensor(int(self.evicted[t])),
         }
         for n in self.chunks.dim_state:
             out[f"chunked.opt.{n}"] = torch.from_numpy(self._gather_dense(n, rows)[dmask])
@@ -487,15 +483,25 @@ class PrunedGroup:
             out[f"opt.{n}"] = s[torch.from_numpy(rows)].clone()
         return out
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor], keep: np.ndarray | None = None, totals: bool = True) -> None:
-        """Insert (or overwrite) rows from ``table_state`` output (where ``keep`` [n]); a TableGroup's
-        (full-dim) state loads too. The event counters are set, or with ``keep`` (one shard of many)
-        added, when ``totals``."""
-        dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
-        if keep is not None:
-            sd = self._select(sd, keep, dense)
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        """``pruned_chunks`` / ``regrown_chunks`` / ``evicted_rows`` counters of table ``t``."""
+        return {
+            "pruned_chunks": torch.tensor(int(self.pruned[t])),
+            "regrown_chunks": torch.tensor(int(self.regrown[t])),
+            "evicted_rows": torch.tensor(int(self.evicted[t])),
+        }
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
+        if "pruned_chunks" in sd:
+            self.pruned[t] = int(sd["pruned_chunks"])
+            self.regrown[t] = int(sd["regrown_chunks"])
+            self.evicted[t] = int(sd["evicted_rows"])
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) rows from ``records`` output; a TableGroup's (full-dim) records load too."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).numpy()
+        dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
         dims = np.full(ids.shape[0], self.dim) if dense else sd["dims"].numpy().astype(np.int64)
         self._set_chunks(rows, dims // self.chunk)
         dmask = np.arange(self.dim) < dims[:, None]
@@ -517,33 +523,37 @@ class PrunedGroup:
             self.next_imp[rows] = sd["next_importance"].numpy()
             if self.shrinkage and "access_count" in sd:
                 self.count[rows] = sd["access_count"].numpy()
-            counters = ((self.pruned, "pruned_chunks"), (self.regrown, "regrown_chunks"), (self.evicted, "evicted_rows"))
-            for arr, key in counters if totals else ():
-                arr[t] = int(sd[key]) + (int(arr[t]) if keep is not None else 0)
 
-    def _select(self, sd: dict[str, Tensor], keep: np.ndarray, dense: bool) -> dict[str, Tensor]:
-        """A table state cut to the rows where ``keep``: per-row entries by row, chunked ones by each
-        row's dims, scalars (counters) unchanged."""
-        if dense:
-            return select_rows(sd, keep)
-        dims = sd["dims"].numpy().astype(np.int64)
-        per_dim = np.repeat(keep, dims)  # [sum(dims)]
-        per_chunk = np.repeat(keep, dims // self.chunk)  # [sum(dims) / c]
-        out = {}
-        for k, v in sd.items():
-            if k.startswith("chunked.importance"):
-                out[k] = v[torch.from_numpy(per_chunk)]
-            elif k.startswith("chunked."):
-                out[k] = v[torch.from_numpy(per_dim)]
-            elif v.dim() == 0:
-                out[k] = v
-            else:
-                out[k] = v[torch.from_numpy(keep)]
-        return out
+    # Checkpoints stream a table's rows in bounded chunks (tierec/embedding/group.py's scheme).
+
+    def row_extent(self) -> int:
+        """Row numbers in use lie in ``[0, row_extent())``."""
+        return self.index.num_rows
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        """Rows [n] int64 of table ``t`` among row numbers ``[lo, hi)``, ascending."""
+        return lo + np.flatnonzero(self.index.row_tabs[lo:hi] == t)
+
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        extent = self.row_extent()
+        for lo in range(0, extent, max(int(max_rows), 1)):
+            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
+            if rows.size:
+                yield self.records(t, rows)
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        self.load_table_meta(t, sd)
+        self.write_records(t, sd)
 
     # ------------------------------------------------------------------- records
 
-    def read_records(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found [n], records [n, record_width]): full-dim weights and per-dim state (zeros past each
         row's dims), per-row state, then the row's dims."""
         rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
@@ -557,7 +567,7 @@ class PrunedGroup:
             out[found] = np.concatenate(parts, axis=1)
         return found, out
 
-    def write_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).numpy()
         rec = np.ascontiguousarray(records, dtype=np.float32)
         self._set_chunks(rows, rec[:, -1].astype(np.int64) // self.chunk)

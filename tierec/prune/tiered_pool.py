@@ -159,7 +159,7 @@ class TieredChunkPool:
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Chunks ``ids`` [n, c] per name, read wherever they live (no movement between tiers)."""
-        found, rec = self.store.read_records(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32))
+        found, rec = self.store.records_of(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32))
         if not found.all():
             raise KeyError(f"chunks {ids[~found][:5].tolist()} are not in the store")
         out, col = {"weights": rec[:, : self.chunk]}, self.chunk

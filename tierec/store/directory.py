@@ -1,15 +1,26 @@
-"""Directory: where every row of a tiered store lives, keyed by (table, id).
+"""Directory: where every row of a tiered store lives, keyed by (table, id), in about 20 bytes per id.
 
 Each known (table, id) pair owns a row id (``lid``). Per lid the directory keeps
-the home tier and slot (host DRAM or disk), the fast-tier slot when resident,
-and the access statistics (a decayed count and the step of last use). Unlike
-the plain HashIndex, rows can be deleted: the open-addressing map uses
-backward-shift deletion (no tombstones) and freed lids are reused.
+only what a row on disk needs: its id (8 bytes), table (1, or 2 beyond 127
+tables), home tier with a "resident" bit (1), one 4-byte position and a
+1-byte quantised access count (log scale, 1/12 octave steps: about 3 %). The
+position is the row's slot in its home tier (host DRAM or disk); while the row
+is resident it is the fast-tier slot instead, and the home slot, the exact
+access count and the step of last use move to arrays indexed by fast-tier
+slot (bounded by the fast tier's capacity, not by the table). The step of
+last use of rows away from the fast tier is kept (4 bytes) only where a
+time-to-live needs it. ``loc``, ``home``, ``cslot``, ``freq`` and ``last``
+read and write through this split as if they were plain per-lid arrays.
 
-Memory per known id: key 8 + table 2 + home tier 1 + home slot 4 + cache slot 4
-+ decayed count 4 + last step 4 bytes (27), plus 4 bytes per hash slot at a load
-of at most 0.75 (5.3 to 10.7 bytes per id) and growth slack: about 40 bytes per
-id as measured (benchmarks/tiers_memory.py).
+The open-addressing map from (table, id) to lid holds 4-byte lids in a slot
+array of any size (a multiply-shift maps a hash onto it), kept between 55 %
+and 80 % full: 5 to 7.3 bytes per id. Rows can be deleted: the map uses
+backward-shift deletion (no tombstones) and freed lids are reused. Per-lid
+arrays grow without touching their spare capacity (arena.GrowableArray).
+
+So an id whose row is on disk costs 15 bytes plus 5 to 7.3 in the map (plus 4
+with a time-to-live), plus 1 bit of the disk tier's liveness bitmap per slot
+(2 with dead slots not yet compacted): 20 to 23 bytes (``tests/store/test_directory_memory.py`` measures it).
 
 All kernels are serial and release the GIL, so the prefetch thread can run
 them beside the training step.
@@ -20,6 +31,9 @@ them beside the training step.
 >>> lids = d.insert(np.array([7, 9], dtype=np.int64), np.zeros(2, dtype=np.int32))
 >>> d.find(np.array([9, 7, 8], dtype=np.int64), np.zeros(3, dtype=np.int32)).tolist()
 [1, 0, -1]
+>>> d.loc[lids] = LOC_DISK; d.home[lids] = [5, 6]; d.freq[lids] = [3.0, 40.0]
+>>> d.home[lids].tolist(), d.freq[lids].round(0).tolist()  # counts away from the fast tier: 3 % steps
+([5, 6], [3.0, 39.0])
 >>> d.delete(np.array([0])); d.num_rows, d.find(np.array([7]), np.zeros(1, dtype=np.int32)).tolist()
 (1, [-1])
 """
@@ -29,31 +43,51 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from tierec.embedding.kernels import key_hash
+from tierec.embedding.arena import GrowableArray, resident_bytes
+from tierec.embedding.hash_index import table_dtype
+from tierec.embedding.kernels import home_slot, key_hash
 from tierec.sizes import release_free_memory
 
-MAX_LOAD = 0.75
+MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
+REBUILD_LOAD = 0.55  # ... into one this full
+MAX_SLOTS = (1 << 32) - 1
 
 # Home tier of a row (int8): only in the fast tier (or nowhere yet), host DRAM, disk.
 LOC_NONE = 0
 LOC_HOST = 1
 LOC_DISK = 2
+_RESIDENT = 4  # bit in the per-lid tier byte: the position is a fast-tier slot
+_Q_STEPS = 12.0  # quantised access counts: steps per doubling of (1 + count)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(4, int(n - 1).bit_length())
+def quantise(freq: np.ndarray) -> np.ndarray:
+    """Access counts >= 0 as uint8 on a log scale (counts up to about 2.5M; 3 % steps)."""
+    q = np.rint(np.log2(1.0 + np.maximum(np.asarray(freq, dtype=np.float32), 0)) * np.float32(_Q_STEPS))
+    return np.minimum(q, 255).astype(np.uint8)
+
+
+def dequantise(q: np.ndarray) -> np.ndarray:
+    return (np.exp2(np.asarray(q, dtype=np.float32) / np.float32(_Q_STEPS)) - 1.0).astype(np.float32)
+
+
+def _slots_for(rows: int, load: float) -> int:
+    n = max(16, int(rows / load) + 1)
+    if n > MAX_SLOTS:
+        raise ValueError(f"a tiered group's directory holds at most {int(MAX_SLOTS * MAX_LOAD):,} ids; use more groups")
+    return n
 
 
 @nb.njit(cache=True, nogil=True)
 def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
-    mask = np.uint64(slots.shape[0] - 1)
+    n = np.uint64(slots.shape[0])
     for i in range(keys.shape[0]):
         k = keys[i]
         t = tabs[i]
-        s = key_hash(np.int32(t), k) & mask
+        s = home_slot(key_hash(np.int32(t), k), n)
         r = slots[s]
         while r != -1 and not (lid_keys[r] == k and lid_tabs[r] == t):
-            s = (s + np.uint64(1)) & mask
+            s = s + np.uint64(1)
+            s = np.uint64(0) if s == n else s
             r = slots[s]
         out[i] = r
 
@@ -61,11 +95,12 @@ def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
 @nb.njit(cache=True, nogil=True)
 def _insert(keys, tabs, lids, slots, lid_keys, lid_tabs):
     """Insert pairs known to be absent and unique, with the given lids."""
-    mask = np.uint64(slots.shape[0] - 1)
+    n = np.uint64(slots.shape[0])
     for i in range(keys.shape[0]):
-        s = key_hash(np.int32(tabs[i]), keys[i]) & mask
+        s = home_slot(key_hash(np.int32(tabs[i]), keys[i]), n)
         while slots[s] != -1:
-            s = (s + np.uint64(1)) & mask
+            s = s + np.uint64(1)
+            s = np.uint64(0) if s == n else s
         slots[s] = lids[i]
         lid_keys[lids[i]] = keys[i]
         lid_tabs[lids[i]] = tabs[i]
@@ -74,19 +109,21 @@ def _insert(keys, tabs, lids, slots, lid_keys, lid_tabs):
 @nb.njit(cache=True, nogil=True)
 def _delete(lids, slots, lid_keys, lid_tabs):
     """Remove lids from the map with backward-shift deletion; marks them free (table -1)."""
-    mask = np.uint64(slots.shape[0] - 1)
+    n_slots = np.uint64(slots.shape[0])
     for n in range(lids.shape[0]):
         lid = lids[n]
-        i = key_hash(np.int32(lid_tabs[lid]), lid_keys[lid]) & mask
+        i = home_slot(key_hash(np.int32(lid_tabs[lid]), lid_keys[lid]), n_slots)
         while slots[i] != lid:
-            i = (i + np.uint64(1)) & mask
+            i = i + np.uint64(1)
+            i = np.uint64(0) if i == n_slots else i
         j = i
         while True:
-            j = (j + np.uint64(1)) & mask
+            j = j + np.uint64(1)
+            j = np.uint64(0) if j == n_slots else j
             r = slots[j]
             if r == -1:
                 break
-            home = key_hash(np.int32(lid_tabs[r]), lid_keys[r]) & mask
+            home = home_slot(key_hash(np.int32(lid_tabs[r]), lid_keys[r]), n_slots)
             # r may move back to the hole at i unless its home lies cyclically in (i, j].
             if i <= j:
                 stays = i < home and home <= j
@@ -101,13 +138,14 @@ def _delete(lids, slots, lid_keys, lid_tabs):
 
 @nb.njit(cache=True, nogil=True)
 def _rebuild(lid_keys, lid_tabs, high, slots):
-    mask = np.uint64(slots.shape[0] - 1)
+    n = np.uint64(slots.shape[0])
     for r in range(high):
         if lid_tabs[r] < 0:
             continue
-        s = key_hash(np.int32(lid_tabs[r]), lid_keys[r]) & mask
+        s = home_slot(key_hash(np.int32(lid_tabs[r]), lid_keys[r]), n)
         while slots[s] != -1:
-            s = (s + np.uint64(1)) & mask
+            s = s + np.uint64(1)
+            s = np.uint64(0) if s == n else s
         slots[s] = r
 
 
@@ -118,32 +156,165 @@ def hash_pairs(keys, tabs, out):
         out[i] = np.int64(key_hash(np.int32(tabs[i]), keys[i]) >> np.uint64(1))
 
 
-class Directory:
-    """(table, id) -> lid, and per lid: home tier/slot, fast-tier slot, decayed count, last step."""
+class _Column:
+    """A per-lid column read and written through the directory's split (see the module docstring)."""
 
-    def __init__(self, initial_rows: int = 1024) -> None:
+    def __init__(self, get, put) -> None:
+        self._get, self._put = get, put
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return self._get(idx)
+
+    def __setitem__(self, idx, value) -> None:
+        self._put(idx, value)
+
+
+class Directory:
+    """(table, id) -> lid, and per lid: home tier/slot, fast-tier slot, access count, last step."""
+
+    def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15, cache_slots: int = 0, track_last: bool = True) -> None:
         self.num_rows = 0
         self.high = 0  # lids ever handed out; lids >= high are untouched
         self._free = np.empty(0, dtype=np.int64)  # stack of freed lids
         self._n_free = 0
-        self.slots = np.full(_next_pow2(int(initial_rows / MAX_LOAD) + 1), -1, dtype=np.int32)  # [S]
-        self.keys = np.zeros(initial_rows, dtype=np.int64)  # [L]
-        self.tabs = np.full(initial_rows, -1, dtype=np.int16)  # [L], -1 = free lid
-        self.loc = np.zeros(initial_rows, dtype=np.int8)  # [L] LOC_*
-        self.home = np.full(initial_rows, -1, dtype=np.int32)  # [L] slot in the home tier (< 2**31)
-        self.cslot = np.full(initial_rows, -1, dtype=np.int32)  # [L] fast-tier slot, -1 = not resident
-        self.freq = np.zeros(initial_rows, dtype=np.float32)  # [L] decayed access count
-        self.last = np.zeros(initial_rows, dtype=np.int32)  # [L] training step of last access
+        self.slots = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S] lid, -1 empty
+        self.track_last = track_last  # keep the last-use step of rows away from the fast tier (time-to-live)
+        dtypes = {"keys": np.int64, "tabs": table_dtype(n_tables), "tier": np.int8, "pos": np.int32, "fq": np.uint8}
+        if track_last:
+            dtypes["lst"] = np.int32
+        self._grow = {c: GrowableArray(np.zeros(initial_rows, dtype=t)) for c, t in dtypes.items()}
+        for c, g in self._grow.items():
+            setattr(self, c, g.array)  # [L] each
+        self.attach_cache(cache_slots)
+        self.loc = _Column(self._get_loc, self._put_loc)  # [L] LOC_* home tier
+        self.home = _Column(self._get_home, self._put_home)  # [L] slot in the home tier, -1 = none
+        self.cslot = _Column(self._get_cslot, self._put_cslot)  # [L] fast-tier slot, -1 = not resident
+        self.freq = _Column(self._get_freq, self._put_freq)  # [L] decayed access count
+        self.last = _Column(self._get_last, self._put_last)  # [L] training step of last access
 
-    _COLUMNS = ("keys", "tabs", "loc", "home", "cslot", "freq", "last")
-    _FILL = {"keys": 0, "tabs": -1, "loc": 0, "home": -1, "cslot": -1, "freq": 0, "last": 0}
+    def attach_cache(self, n_slots: int) -> None:
+        """Per fast-tier slot: the resident row's home tier and slot, exact access count and last step."""
+        self.c_loc = np.zeros(n_slots, dtype=np.int8)  # [C]
+        self.c_home = np.full(n_slots, -1, dtype=np.int32)  # [C]
+        self.c_freq = np.zeros(n_slots, dtype=np.float32)  # [C]
+        self.c_last = np.zeros(n_slots, dtype=np.int32)  # [C]
 
     @property
     def capacity(self) -> int:
         return self.keys.shape[0]
 
-    def nbytes(self) -> int:  # bytes
-        return self.slots.nbytes + self._free.nbytes + sum(getattr(self, c).nbytes for c in self._COLUMNS)
+    def _arrays(self) -> list[np.ndarray]:
+        return [self.slots, self._free, *(getattr(self, c) for c in self._grow)]
+
+    def nbytes(self) -> int:  # bytes allocated (per-lid arrays' untouched spare capacity included)
+        return sum(a.nbytes for a in self._arrays()) + self.cache_nbytes()
+
+    def resident_nbytes(self) -> int:  # bytes in physical memory
+        return sum(resident_bytes(a) for a in self._arrays()) + self.cache_nbytes()
+
+    def cache_nbytes(self) -> int:  # bytes per fast-tier slot, times slots
+        return self.c_loc.nbytes + self.c_home.nbytes + self.c_freq.nbytes + self.c_last.nbytes
+
+    # ------------------------------------------------- columns through the split
+
+    def _split(self, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lids [n], resident [n] bool, pos [n]) of an index into the per-lid columns."""
+        lids = np.arange(self.capacity)[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64).reshape(-1)
+        return lids, (self.tier[lids] & _RESIDENT) != 0, self.pos[lids].astype(np.int64)
+
+    def _get_loc(self, idx) -> np.ndarray:
+        lids, res, pos = self._split(idx)
+        out = self.tier[lids] & np.int8(3)
+        out[res] = self.c_loc[pos[res]]
+        return out
+
+    def _put_loc(self, idx, value) -> None:
+        lids, res, pos = self._split(idx)
+        v = np.broadcast_to(np.asarray(value, dtype=np.int8), lids.shape)
+        self.c_loc[pos[res]] = v[res]
+        away = lids[~res]
+        self.tier[away] = v[~res]
+
+    def _get_home(self, idx) -> np.ndarray:
+        lids, res, pos = self._split(idx)
+        out = pos.astype(np.int32)
+        out[res] = self.c_home[pos[res]]
+        return out
+
+    def _put_home(self, idx, value) -> None:
+        lids, res, pos = self._split(idx)
+        v = np.broadcast_to(np.asarray(value, dtype=np.int64), lids.shape)
+        if v.size and v.max(initial=0) >= 1 << 31:
+            raise OverflowError("a tier of one table group holds at most 2**31 rows; split the tables into more groups")
+        self.c_home[pos[res]] = v[res]
+        self.pos[lids[~res]] = v[~res]
+
+    def _get_cslot(self, idx) -> np.ndarray:
+        lids, res, pos = self._split(idx)
+        return np.where(res, pos, -1).astype(np.int32)
+
+    def _put_cslot(self, idx, value) -> None:
+        """Rows come up (slot >= 0: home, count and last step move to the slot) or go down (-1: back)."""
+        lids, res, pos = self._split(idx)
+        v = np.broadcast_to(np.asarray(value, dtype=np.int64), lids.shape)
+        down = res & (v < 0)
+        if down.any():
+            dl, c = lids[down], pos[down]
+            self.pos[dl] = self.c_home[c]
+            self.tier[dl] = self.c_loc[c]
+            self.fq[dl] = quantise(self.c_freq[c])
+            if self.track_last:
+                self.lst[dl] = self.c_last[c]
+        moved = res & (v >= 0)  # from one slot to another
+        if moved.any():
+            a, b = pos[moved], v[moved]
+            for arr in (self.c_loc, self.c_home, self.c_freq, self.c_last):
+                arr[b] = arr[a]
+            self.pos[lids[moved]] = b
+        up = ~res & (v >= 0)
+        if up.any():
+            ul, c = lids[up], v[up]
+            self.c_home[c] = self.pos[ul]
+            self.c_loc[c] = self.tier[ul]
+            self.c_freq[c] = dequantise(self.fq[ul])
+            self.c_last[c] = self.lst[ul] if self.track_last else 0
+            self.pos[ul] = c
+            self.tier[ul] = self.tier[ul] | np.int8(_RESIDENT)
+
+    def _get_freq(self, idx) -> np.ndarray:
+        lids, res, pos = self._split(idx)
+        out = dequantise(self.fq[lids])
+        out[res] = self.c_freq[pos[res]]
+        return out
+
+    def _put_freq(self, idx, value) -> None:
+        lids, res, pos = self._split(idx)
+        v = np.broadcast_to(np.asarray(value, dtype=np.float32), lids.shape)
+        self.c_freq[pos[res]] = v[res]
+        self.fq[lids[~res]] = quantise(v[~res])
+
+    def _get_last(self, idx) -> np.ndarray:
+        lids, res, pos = self._split(idx)
+        out = self.lst[lids].copy() if self.track_last else np.full(lids.shape, -1, dtype=np.int32)
+        out[res] = self.c_last[pos[res]]
+        return out
+
+    def _put_last(self, idx, value) -> None:
+        lids, res, pos = self._split(idx)
+        v = np.broadcast_to(np.asarray(value, dtype=np.int64), lids.shape)
+        self.c_last[pos[res]] = v[res]
+        if self.track_last:
+            self.lst[lids[~res]] = v[~res]
+
+    def decay(self, factor: float) -> None:
+        """Multiply every row's access count by ``factor``."""
+        self.c_freq *= np.float32(factor)
+        q = self.fq[: self.high]
+        q[...] = quantise(dequantise(q) * np.float32(factor))
+
+    def resident_scores(self, lfu: bool) -> np.ndarray:
+        """Per fast-tier slot: the access count (LFU) or step of last use (LRU) of its row."""
+        return self.c_freq if lfu else self.c_last
 
     # ------------------------------------------------------------- lookups
 
@@ -154,7 +325,7 @@ class Directory:
         return out
 
     def insert(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
-        """New lids [n] for pairs known to be absent and unique; their columns are reset."""
+        """New lids [n] for pairs known to be absent and unique: away from every tier, count 0."""
         n = keys.shape[0]
         reuse = min(n, self._n_free)
         lids = np.empty(n, dtype=np.int64)
@@ -164,20 +335,22 @@ class Directory:
         lids[reuse:] = np.arange(self.high, self.high + fresh)
         self._reserve(self.high + fresh, self.num_rows + n)
         self.high += fresh
-        for c in self._COLUMNS[2:]:
-            getattr(self, c)[lids] = self._FILL[c]
-        _insert(keys, tabs.astype(np.int16), lids, self.slots, self.keys, self.tabs)
+        self.tier[lids] = LOC_NONE
+        self.pos[lids] = -1
+        self.fq[lids] = 0
+        if self.track_last:
+            self.lst[lids] = 0
+        _insert(keys, tabs.astype(self.tabs.dtype), lids, self.slots, self.keys, self.tabs)
         self.num_rows += n
         return lids
 
     def delete(self, lids: np.ndarray) -> None:
-        """Forget rows; the caller has freed their slots in every tier."""
+        """Forget rows; the caller has freed their slots in every tier (resident ones included)."""
         if lids.size == 0:
             return
         _delete(lids.astype(np.int64), self.slots, self.keys, self.tabs)
-        self.cslot[lids] = -1
-        self.loc[lids] = LOC_NONE
-        self.home[lids] = -1
+        self.tier[lids] = LOC_NONE
+        self.pos[lids] = -1
         self.num_rows -= lids.size
         need = self._n_free + lids.size
         if need > self._free.shape[0]:
@@ -186,17 +359,13 @@ class Directory:
         self._n_free = need
 
     def _reserve(self, lids: int, rows: int) -> None:
-        grew_columns = lids > self.capacity
-        if grew_columns:
+        grown = lids > self.capacity
+        if grown:
             cap = max(lids, int(self.capacity * 1.25) + 16)
-            for c in self._COLUMNS:
-                old = getattr(self, c)
-                new = np.full(cap, self._FILL[c], dtype=old.dtype)
-                new[: old.shape[0]] = old
-                setattr(self, c, new)
-        grown = grew_columns
+            for c, g in self._grow.items():
+                setattr(self, c, g.grow(cap, self.high))
         if rows > MAX_LOAD * self.slots.shape[0]:
-            self.slots = np.full(_next_pow2(int(rows / MAX_LOAD) + 1), -1, dtype=np.int32)
+            self.slots = np.full(_slots_for(rows, REBUILD_LOAD), -1, dtype=np.int32)
             _rebuild(self.keys, self.tabs, self.high, self.slots)
             grown = True
         if grown:
@@ -209,7 +378,7 @@ class Directory:
         return np.flatnonzero(self.tabs[: self.high] >= 0)
 
     def of_table(self, table: int) -> np.ndarray:
-        """lids of one table's rows, ordered by id (a canonical order for checkpoints)."""
+        """lids of one table's rows, ordered by id."""
         lids = np.flatnonzero(self.tabs[: self.high] == table)
         return lids[np.argsort(self.keys[lids], kind="stable")]
 

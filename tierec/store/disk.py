@@ -133,6 +133,20 @@ def _spans(run_slot: np.ndarray, run_len: np.ndarray, rec_bytes: int, align: int
     return lo[first], span_hi, span_run
 
 
+def _set_bits(bitmap: np.ndarray, idx: np.ndarray, value: bool) -> None:
+    """Set (or clear) bits ``idx`` of a uint8 bitmap (bit i: byte i // 8, bit i % 8)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    masks = np.left_shift(np.uint8(1), (idx & 7).astype(np.uint8))
+    if value:
+        np.bitwise_or.at(bitmap, idx >> 3, masks)
+    else:
+        np.bitwise_and.at(bitmap, idx >> 3, ~masks)
+
+
+def _bits(bitmap: np.ndarray, idx: np.ndarray) -> np.ndarray:  # [n] bool
+    return ((bitmap[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
+
+
 def _runs(sorted_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first slot, length, position in the sorted list) of each run of consecutive slots."""
     n = sorted_slots.shape[0]
@@ -170,7 +184,7 @@ class DiskTier:
         self.drop_cache_after_io = drop_cache
         self.seg_rows = segment_rows
         self.seg_live = np.zeros(0, dtype=np.int64)  # [n_seg] live records per segment
-        self.live = np.zeros(0, dtype=np.uint8)  # [n_seg * seg_rows] 1 = slot holds a live record
+        self.live = np.zeros(0, dtype=np.uint8)  # [n_seg * seg_rows / 8] bit s: slot s holds a live record
         self._free_segs: list[int] = []
         self._tail = -1  # segment being appended to
         self._tail_pos = 0
@@ -198,8 +212,9 @@ class DiskTier:
             return self._free_segs.pop()
         seg = self.n_segments
         self.seg_live = np.append(self.seg_live, 0)
-        if self.live.shape[0] < (seg + 1) * self.seg_rows:  # grow the bitmap by doubling, not per segment
-            grown = np.zeros(max((seg + 1) * self.seg_rows, 2 * self.live.shape[0]), dtype=np.uint8)
+        need = -(-(seg + 1) * self.seg_rows // 8)
+        if self.live.shape[0] < need:  # grow the bitmap by doubling, not per segment
+            grown = np.zeros(max(need, 2 * self.live.shape[0]), dtype=np.uint8)
             grown[: self.live.shape[0]] = self.live
             self.live = grown
         return seg
@@ -223,7 +238,7 @@ class DiskTier:
             first = self._tail * self.seg_rows + self._tail_pos
             slots[i : i + k] = np.arange(first, first + k)
             self._pwrite(buf[i : i + k], first * self.rec_bytes)
-            self.live[first : first + k] = 1
+            _set_bits(self.live, np.arange(first, first + k), True)
             self.seg_live[self._tail] += k
             self._tail_pos += k
             i += k
@@ -246,7 +261,7 @@ class DiskTier:
         if slots.shape[0] == 0:
             return
         slots = np.asarray(slots, dtype=np.int64)
-        self.live[slots] = 0
+        _set_bits(self.live, slots, False)
         segs, counts = np.unique(slots // self.seg_rows, return_counts=True)
         self.seg_live[segs] -= counts
         self.live_rows -= slots.shape[0]
@@ -340,7 +355,7 @@ class DiskTier:
             if not np.isfinite(cand[seg]):
                 break
             lo = seg * self.seg_rows
-            slots = lo + np.flatnonzero(self.live[lo : lo + self.seg_rows])
+            slots = lo + np.flatnonzero(_bits(self.live, np.arange(lo, lo + self.seg_rows)))
             if slots.size == 0:
                 self._free_segs.append(seg)
                 continue

@@ -101,7 +101,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             raise CacheCapacityError(
                 f"store.cache_size {format_size(spec.cache_bytes)} holds no row of {4 * self.record_width} bytes"
             )
-        self.index = Directory()
+        self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Fast tier: [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
         self.weights = torch.empty(self.capacity + 1, self.dim, device=self.device)
         self.weights[ZERO_SLOT].zero_()
@@ -169,12 +169,11 @@ class TieredGroup(Policies, TierState, TableGroup):
                 new = unknown[admit]
                 lids[new] = d.insert(keys[new], tabs[new])
                 self._count(Counter.NEW, tabs[new])
-            known = lids[lids >= 0]
-            d.freq[known] += 1.0
-            d.last[known] = self.train_steps
         pos = np.flatnonzero(lids >= 0)
         rows[pos] = self._make_resident(lids[pos], self.clock, steal=True, tabs=tabs[pos])
-        if insert:
+        if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
+            d.freq[lids[pos]] += 1.0
+            d.last[lids[pos]] = self.train_steps
             self.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
@@ -289,7 +288,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         return slots
 
     def _evict(self, required: int, wanted: int, steal: bool, best_effort: bool) -> None:
-        score = self.index.freq if self.spec.cache_policy is CachePolicy.LFU else self.index.last
+        score = self.index.resident_scores(self.spec.cache_policy is CachePolicy.LFU)
         slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, steal)
         if slots.size < required and not best_effort:
             pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
@@ -424,7 +423,7 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     # ------------------------------------------------------- row access
 
-    def read_records(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found [n], records [n, W]) of (table, id) pairs wherever they live (no movement, no statistics)."""
         with self._lock:
             lids = self.index.find(keys, tabs.astype(np.int32, copy=False))

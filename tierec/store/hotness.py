@@ -87,7 +87,7 @@ def coin(keys, tabs, seed, step, out):
 
 
 @nb.njit(cache=True, nogil=True)
-def _evictable(slot_lid, pin, clock, score_of_lid, steal, out_slots, out_scores):
+def _evictable(slot_lid, pin, clock, score_of_slot, steal, out_slots, out_scores):
     n = 0
     for s in range(1, slot_lid.shape[0]):  # slot 0 holds the shared zero row
         lid = slot_lid[s]
@@ -95,7 +95,7 @@ def _evictable(slot_lid, pin, clock, score_of_lid, steal, out_slots, out_scores)
             continue
         p = pin[s]
         if p < clock:
-            out_scores[n] = np.float64(score_of_lid[lid])
+            out_scores[n] = np.float64(score_of_slot[s])
         elif steal and p == PREFETCHED:
             out_scores[n] = 1e300  # rows prefetched for a later batch go last
         else:
@@ -106,7 +106,10 @@ def _evictable(slot_lid, pin, clock, score_of_lid, steal, out_slots, out_scores)
 
 
 def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, steal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(slots, scores) of occupied slots not pinned by the batch in flight (nor by a prefetch unless ``steal``)."""
+    """(slots, scores) of occupied slots not pinned by the batch in flight (nor by a prefetch unless ``steal``).
+
+    ``score`` [C+1] is per fast-tier slot (the directory keeps resident rows' counts by slot).
+    """
     slots = np.empty(slot_lid.shape[0], dtype=np.int64)
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
     n = _evictable(slot_lid, pin, np.int64(clock), score, steal, slots, scores)

@@ -31,7 +31,7 @@ class Policies:
     def maintain(self) -> None:
         d, spec = self.index, self.spec
         if spec.decay < 1.0:
-            d.freq[: d.high] *= np.float32(spec.decay)
+            d.decay(spec.decay)
         if spec.ttl_steps:
             live = d.live()
             self.delete_rows(live[self.train_steps - d.last[live] > spec.ttl_steps], Counter.DELETED_TTL)
@@ -66,7 +66,7 @@ class Policies:
         n = min(self._n_free_slots, hot.size)
         rest = hot[n:]
         if rest.size:
-            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.freq, False)
+            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True), False)
             cold = np.sort(scores[hotness.lowest(scores, rest.size)])
             k = min(rest.size, cold.size)
             n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix

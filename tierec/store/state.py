@@ -1,9 +1,11 @@
 """Checkpoint state of a TieredGroup (a mixin): every tier's rows plus the statistics.
 
-``table_state(t)`` returns the plain group's keys (``ids``, ``weights``,
-``opt.*``) over the rows of every tier, ordered by id, plus ``store.freq`` and
-``store.last`` per row and the table's ``store.counters``; table 0 also carries
-the group's clocks and the admission sketch. A plain TableGroup loads such a
+``records(t, lids)`` returns the plain group's keys (``ids``, ``weights``,
+``opt.*``) of rows in any tier, plus ``store.freq`` and ``store.last`` per row;
+``iter_records`` streams a table's rows in lid order, a bounded chunk at a time
+(a checkpoint never holds the table). ``table_meta(t)`` is the table's
+``store.counters``; table 0 also carries the group's clocks and the admission
+sketch. A plain TableGroup loads such a
 state (it ignores the ``store.*`` keys) and a TieredGroup loads a plain one.
 Loaded rows go to host, then disk; the fast tier warms up again as batches
 arrive, which changes no number.
@@ -15,29 +17,36 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tierec.embedding.group import select_rows
 from tierec.store.directory import LOC_DISK, LOC_HOST
 from tierec.store.spec import Counter
 
-_PER_ROW = ("store.freq", "store.last")
-
 
 class TierState:
-    def table_state(self, t: int) -> dict[str, Tensor]:
+    def row_extent(self) -> int:
+        return self.index.high
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        return lo + np.flatnonzero(self.index.tabs[lo:hi] == t)
+
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Records of rows (lids) ``rows`` from whichever tier holds them, with ``store.freq`` / ``store.last``."""
         with self._lock:
             d = self.index
-            lids = d.of_table(t)
-            rec = self.read_rows(lids)  # [n, W]
-            n = lids.size
-            out = {"ids": torch.from_numpy(d.keys[lids].copy()), "weights": torch.from_numpy(rec[:, : self.dim].copy())}
+            rec = self.read_rows(rows)  # [n, W]
+            n = rows.size
+            out = {"ids": torch.from_numpy(d.keys[rows]), "weights": torch.from_numpy(rec[:, : self.dim].copy())}
             col = self.dim
             for name, s in self.state.items():
                 w = self._state_widths[name]
                 out[f"opt.{name}"] = torch.from_numpy(rec[:, col : col + w].reshape(n, *s.shape[1:]).copy())
                 col += w
-            out["store.freq"] = torch.from_numpy(d.freq[lids].copy())
-            out["store.last"] = torch.from_numpy(d.last[lids].copy())
-            out["store.counters"] = torch.from_numpy(self.counters[t].copy())
+            out["store.freq"] = torch.from_numpy(np.asarray(d.freq[rows], dtype=np.float32))
+            out["store.last"] = torch.from_numpy(np.asarray(d.last[rows], dtype=np.int32))
+            return out
+
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        with self._lock:
+            out = {"store.counters": torch.from_numpy(self.counters[t].copy())}
             if t == 0:
                 added = self.sketch.added if self.sketch is not None else 0
                 out["store.clock"] = torch.tensor([self.clock, self.train_steps, self.max_batch_rows, added])
@@ -45,19 +54,20 @@ class TierState:
                     out["store.sketch"] = torch.from_numpy(self.sketch.table.astype(np.int64))
             return out
 
-    def load_table_state(self, t: int, sd: dict[str, Tensor], keep: np.ndarray | None = None, totals: bool = True) -> None:
-        """Rows of ``table_state`` output (where ``keep``); the event counters are set, or with ``keep``
-        (one shard of many) added, when ``totals``."""
-        sd = select_rows(sd, keep, _PER_ROW)
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
         with self._lock:
             if "store.clock" in sd:
                 self.clock, self.train_steps, self.max_batch_rows, added = (int(x) for x in sd["store.clock"])
                 if self.sketch is not None and "store.sketch" in sd:
                     self.sketch.table[...] = sd["store.sketch"].numpy()
                     self.sketch.added = added
-            if "store.counters" in sd and totals:
-                c = sd["store.counters"].numpy()[: len(Counter)]
-                self.counters[t, : c.shape[0]] = c + (self.counters[t, : c.shape[0]] if keep is not None else 0)
+            if "store.counters" in sd:
+                c = sd["store.counters"].numpy()
+                self.counters[t, : c.shape[0]] = c[: len(Counter)]
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again)."""
+        with self._lock:
             ids = sd["ids"].numpy().astype(np.int64, copy=False)
             n = ids.shape[0]
             rec = np.empty((n, self.record_width), dtype=np.float32)
@@ -71,8 +81,9 @@ class TierState:
             last = sd["store.last"].numpy() if "store.last" in sd else None
             self._put(ids, np.full(n, t, dtype=np.int32), rec, freq, last)
 
-    def write_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
-        """Overwrite (or insert) rows with ``records`` [n, W]; known rows keep their access statistics."""
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        """Overwrite (or insert) rows of (table, id) pairs with ``records`` [n, W]; known rows keep their
+        access statistics (a move between ranks, e.g. a hot row handed back to its owner)."""
         with self._lock:
             self._put(keys, tabs.astype(np.int32, copy=False), np.ascontiguousarray(records, dtype=np.float32))
 

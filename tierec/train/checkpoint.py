@@ -1,19 +1,29 @@
-"""Checkpoints: a directory of flat tensors plus JSON, published atomically.
+"""Checkpoints: a directory of safetensors files plus JSON, published atomically, streamed.
 
 On disk, a run directory holds::
 
     run_dir/
       step_00001000/
-        tensors.safetensors   # flat {name: Tensor}; no pickle anywhere
-        meta.json             # the caller's JSON meta + "step" + format info
+        tensors.safetensors         # rank 0's non-row state: dense model, optimizer, RNG, counters
+        tensors-00001.safetensors   # rank 1's (a checkpoint saved on several processes)
+        rows-00000-000000.safetensors  # rank 0's first chunk of row records (ids, weights, optimizer
+        rows-00000-000001.safetensors  #   state), its table's label in the file header; ~16 MiB each
+        meta.json                   # the caller's JSON meta + "step" + every file's size, world size
       step_00002000/
-      latest                  # one line: the name of the newest checkpoint
+      latest                        # one line: the name of the newest checkpoint
+
+Embedding tables are streamed: a storage yields its rows a bounded chunk at a
+time (tier by tier: the fast tier, host, disk), each chunk goes to its own
+file, and loading reads one file at a time, so neither side ever holds a whole
+table (a table larger than RAM can be saved and loaded). Rows are keyed by id,
+so any number of processes can load any checkpoint: each keeps the rows it owns.
+All files are plain files in the checkpoint directory.
 
 A checkpoint is written into a hidden sibling (``.tmp-...``), its files and the
 directory are fsynced, then it is renamed into place, and only then is
 ``latest`` replaced (write a temporary file, ``os.replace``). A crash at any
-point leaves the previous checkpoint and ``latest`` intact. One process writes
-to a run directory (rank 0, or one run directory per rank).
+point leaves the previous checkpoint and ``latest`` intact. One process
+publishes (rank 0).
 
 Nested state (a module or optimizer ``state_dict``, RNG states) becomes the flat
 tensor dict plus a JSON "skeleton" with ``flatten_state`` and comes back with
@@ -48,24 +58,26 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
-TENSORS_FILE = "tensors.safetensors"
+TENSORS_FILE = "tensors.safetensors"  # rank 0's non-row state (dense model, optimizer, RNG, embedding meta)
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
-FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"step_(\d{8,})")
+FORMAT_VERSION = 2  # 2: rows in chunk files; 1: every tensor in TENSORS_FILE (still read)
+CHUNK_BYTES = 1 << 24  # bytes of row records per chunk file, about (the RAM a save or load holds for rows)
+STEP_DIR = re.compile(r"step_(\d{8,})")
 # Left by a crashed save and removed by the next one: only names tierec gives its own temporary entries.
 _DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)?")
 _OWN_FILES = ("meta.json", "manifest.json", "checksums.json")  # a step directory holding none is not ours
+_ROWS_FILE = re.compile(r"rows-(\d{5})-(\d{6})\.safetensors")
 
 
 class CheckpointError(RuntimeError):
@@ -82,58 +94,114 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save_checkpoint(
-    run_dir: Path | str, step: int, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], keep: int | None = 2
-) -> Path:
-    """Write checkpoint ``step`` atomically, point ``latest`` at it, prune old ones.
+def state_file(rank: int) -> str:
+    """The file of one rank's non-row tensors (rank 0: ``tensors.safetensors``)."""
+    return TENSORS_FILE if rank == 0 else f"tensors-{rank:05d}.safetensors"
 
-    ``meta`` must be JSON-serialisable; ``"step"`` is added to it. Pruning keeps
-    the ``keep`` highest-numbered checkpoints and always the one just written
-    (``keep=None`` keeps all). Returns the checkpoint directory.
+
+def rows_file(rank: int, seq: int) -> str:
+    """The ``seq``-th chunk of row records written by ``rank``."""
+    return f"rows-{rank:05d}-{seq:06d}.safetensors"
+
+
+RowChunks = Iterable[tuple[str, Mapping[str, Tensor]]]  # (label, records) e.g. ("emb/C1", {"ids": ..., ...})
+
+
+def write_part(tmp: Path, rank: int, tensors: Mapping[str, Tensor], rows: RowChunks = ()) -> list[str]:
+    """Write one rank's part of a checkpoint into the unpublished directory ``tmp``; returns its file names.
+
+    ``tensors`` (small: dense state, counters) go to one file; every item of
+    ``rows`` to its own file, with its label in the file's header, so a table
+    is never held in RAM beyond one chunk on either side of the disk.
     """
+    names = [state_file(rank)]
+    path = tmp / names[0]
+    save_file(prepare_tensors(tensors), path)
+    fsync_file(path)
+    for seq, (label, chunk) in enumerate(rows):
+        names.append(rows_file(rank, seq))
+        path = tmp / names[-1]
+        save_file(prepare_tensors(chunk), path, metadata={"label": label})
+        fsync_file(path)
+    return names
+
+
+def begin_checkpoint(run_dir: Path, step: int, tag: str | None = None) -> Path:
+    """Create (and return) the hidden directory a checkpoint of ``step`` is written into."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_debris(run_dir)
+    tmp = run_dir / f".tmp-{checkpoint_name(step)}-{tag or uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, Any], world_size: int, keep: int | None) -> Path:
+    """Publish ``tmp`` as checkpoint ``step``: meta.json (every file's size), rename, ``latest``, prune."""
+    files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+    record = {**meta, "step": step}
+    record["_checkpoint"] = {
+        "format": FORMAT_VERSION,
+        "world_size": world_size,
+        "files": {f: (tmp / f).stat().st_size for f in files},
+        "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size,
+    }
+    write_durably(tmp / META_FILE, json.dumps(record, indent=1))
+    fsync_dir(tmp)
+    final = run_dir / checkpoint_name(step)
+
+    # Publish with one rename (an older save of this same step is moved aside first).
+    if final.exists():
+        os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(tmp, final)
+    fsync_dir(run_dir)
+
+    # Only now move `latest`.
+    write_atomically(run_dir / LATEST_FILE, final.name + "\n")
+
+    # Prune old checkpoints, never the one just written.
+    if keep is not None:
+        for old in step_dirs(run_dir)[:-keep]:
+            if old.name != final.name:
+                trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+                os.replace(old, trash)  # a half-deleted directory must never look like a checkpoint
+    remove_debris(run_dir)
+    return final
+
+
+def check_meta(step: int, keep: int | None, meta: Mapping[str, Any]) -> None:
+    """Fail before touching the disk: a negative step, a bad ``keep``, meta that is not JSON."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be >= 1 or None, got {keep}")
     if "_checkpoint" in meta or meta.get("step", step) != step:
         raise ValueError("meta must not contain '_checkpoint', nor a 'step' other than the step saved")
-    record = {**meta, "step": step}
     try:
-        json.dumps(record)  # fail before touching the disk
+        json.dumps({**meta, "step": step})
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint meta is not JSON-serialisable: {e}") from None
-    flat = _prepare_tensors(tensors)
+
+
+def save_checkpoint(
+    run_dir: Path | str,
+    step: int,
+    tensors: Mapping[str, Tensor],
+    meta: Mapping[str, Any],
+    keep: int | None = 2,
+    rows: RowChunks = (),
+) -> Path:
+    """Write checkpoint ``step`` atomically, point ``latest`` at it, prune old ones.
+
+    ``meta`` must be JSON-serialisable; ``"step"`` is added to it. ``rows``
+    streams ``(label, records)`` chunks, each written to its own file as it
+    comes. Pruning keeps the ``keep`` highest-numbered checkpoints and always
+    the one just written (``keep=None`` keeps all). Returns the checkpoint directory.
+    """
+    check_meta(step, keep, meta)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _remove_debris(run_dir)
-    final = run_dir / checkpoint_name(step)
-
-    # 1. Write everything into a hidden sibling and make it durable.
-    tmp = run_dir / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    save_file(flat, tmp / TENSORS_FILE)
-    _fsync_file(tmp / TENSORS_FILE)
-    record["_checkpoint"] = {"format": FORMAT_VERSION, "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size}
-    _write_durably(tmp / META_FILE, json.dumps(record, indent=1))
-    _fsync_dir(tmp)
-
-    # 2. Publish with one rename (an older save of this same step is moved aside first).
-    if final.exists():
-        os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
-    os.replace(tmp, final)
-    _fsync_dir(run_dir)
-
-    # 3. Only now move `latest`.
-    _write_atomically(run_dir / LATEST_FILE, final.name + "\n")
-
-    # 4. Prune old checkpoints, never the one just written.
-    if keep is not None:
-        for old in _step_dirs(run_dir)[:-keep]:
-            if old.name != final.name:
-                trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
-                os.replace(old, trash)  # a half-deleted directory must never look like a checkpoint
-    _remove_debris(run_dir)
-    return final
+    tmp = begin_checkpoint(run_dir, step)
+    write_part(tmp, 0, tensors, rows)
+    return commit_checkpoint(run_dir, tmp, step, meta, 1, keep)
 
 
 def latest_checkpoint(run_dir: Path | str) -> Path | None:
@@ -149,11 +217,11 @@ def latest_checkpoint(run_dir: Path | str) -> Path | None:
     name = None
     if pointer.is_file():
         name = pointer.read_text().strip()
-        if not _STEP_DIR.fullmatch(name):
+        if not STEP_DIR.fullmatch(name):
             raise CheckpointError(f"{pointer} holds {name[:80]!r}, which is not a checkpoint name")
         if (run_dir / name).is_dir():
             return run_dir / name
-    steps = _step_dirs(run_dir)
+    steps = step_dirs(run_dir)
     if name is not None:
         if not steps:
             raise CheckpointError(f"{pointer} names {name}, which does not exist, and no other checkpoint does")
@@ -161,13 +229,10 @@ def latest_checkpoint(run_dir: Path | str) -> Path | None:
     return steps[-1] if steps else None
 
 
-def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[dict[str, Tensor], dict]:
-    """Load ``(tensors, meta)`` from a checkpoint directory, or from a run directory's latest.
-
-    Raises CheckpointError (one line) if there is no checkpoint or it is corrupt.
-    """
+def find_checkpoint(path_or_run_dir: Path | str) -> Path:
+    """The checkpoint directory meant by a step directory or a run directory (its latest)."""
     path = Path(path_or_run_dir)
-    if _STEP_DIR.fullmatch(path.name) or (path / META_FILE).exists():
+    if STEP_DIR.fullmatch(path.name) or (path / META_FILE).exists():
         ckpt = path
     else:
         if not path.exists():
@@ -178,58 +243,113 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
         ckpt = found
     if not ckpt.is_dir():
         raise CheckpointError(f"checkpoint {ckpt} does not exist")
+    return ckpt
 
-    try:
-        record = json.loads((ckpt / META_FILE).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {META_FILE} is missing") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {META_FILE} is not valid JSON ({e})") from None
-    info = record.pop("_checkpoint", None) if isinstance(record, dict) else None
-    if not isinstance(info, dict) or "tensors_bytes" not in info:
-        raise CheckpointError(f"{ckpt / META_FILE} is not a tierec checkpoint record")
-    if info.get("format", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {ckpt} has format {info['format']}; this tierec reads {FORMAT_VERSION}")
 
-    tensor_path = ckpt / TENSORS_FILE
-    if not tensor_path.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {TENSORS_FILE} is missing")
-    size = tensor_path.stat().st_size
-    if size != info["tensors_bytes"]:
-        expected = info["tensors_bytes"]
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {TENSORS_FILE} has {size} bytes, expected {expected}")
-    try:
-        tensors = load_file(tensor_path, device=str(device))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {TENSORS_FILE} ({e})") from None
-    return tensors, record
+class Checkpoint:
+    """A published checkpoint, read a file at a time.
+
+    ``meta`` is the caller's meta (with ``step``); ``state(rank)`` a rank's
+    non-row tensors; ``rows()`` yields ``(label, records)`` from every chunk
+    file of every rank, one file in RAM at a time.
+    """
+
+    def __init__(self, path_or_run_dir: Path | str) -> None:
+        ckpt = find_checkpoint(path_or_run_dir)
+        try:
+            record = json.loads((ckpt / META_FILE).read_text())
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {ckpt} is incomplete: {META_FILE} is missing") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"checkpoint {ckpt} is corrupt: {META_FILE} is not valid JSON ({e})") from None
+        info = record.pop("_checkpoint", None) if isinstance(record, dict) else None
+        if not isinstance(info, dict) or "tensors_bytes" not in info:
+            raise CheckpointError(f"{ckpt / META_FILE} is not a tierec checkpoint record")
+        if info.get("format", 0) > FORMAT_VERSION:
+            raise CheckpointError(f"checkpoint {ckpt} has format {info['format']}; this tierec reads {FORMAT_VERSION}")
+        self.path = ckpt
+        self.format = int(info.get("format", 1))
+        self.meta: dict[str, Any] = record
+        self.world_size = int(info.get("world_size", 1))
+        self.files: dict[str, int] = info.get("files", {TENSORS_FILE: info["tensors_bytes"]})
+        self.row_files = sorted(f for f in self.files if _ROWS_FILE.fullmatch(f))
+
+    def state(self, rank: int = 0) -> dict[str, Tensor]:
+        """Rank ``rank``'s non-row tensors (rank 0's hold the dense model, optimizer and RNG)."""
+        return self._read(state_file(rank))[0]
+
+    def rows(self) -> Iterator[tuple[str, dict[str, Tensor]]]:
+        """``(label, records)`` of every chunk, ranks in order."""
+        for name in self.row_files:
+            tensors, header = self._read(name)
+            yield header.get("label", ""), tensors
+
+    def materialise(self) -> dict[str, Tensor]:
+        """Everything as one flat dict, rows as ``{label}.{key}`` concatenated over chunks (small checkpoints)."""
+        out = self.state(0)
+        parts: dict[str, list[Tensor]] = {}
+        for label, chunk in self.rows():
+            for k, v in chunk.items():
+                parts.setdefault(f"{label}.{k}", []).append(v)
+        out.update({k: torch.cat(v) for k, v in parts.items()})
+        return out
+
+    def _read(self, name: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+        path = self.path / name
+        if name not in self.files:
+            raise CheckpointError(f"checkpoint {self.path} has no {name} (it was saved on {self.world_size} ranks)")
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {self.path} is incomplete: {name} is missing")
+        size = path.stat().st_size
+        if size != self.files[name]:
+            raise CheckpointError(f"checkpoint {self.path} is corrupt: {name} has {size} bytes, expected {self.files[name]}")
+        try:
+            with safe_open(path, framework="pt") as f:
+                header = f.metadata() or {}
+                return {k: f.get_tensor(k) for k in f.keys()}, header
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {self.path} is corrupt: cannot read {name} ({e})") from None
+
+
+def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "cpu") -> tuple[dict[str, Tensor], dict]:
+    """Load ``(tensors, meta)`` of a checkpoint directory, or of a run directory's latest, all in RAM.
+
+    Row chunks come back concatenated under ``{label}.{key}``. Raises
+    CheckpointError (one line) if there is no checkpoint or it is corrupt. To
+    load a table larger than RAM, read :class:`Checkpoint` chunk by chunk.
+    """
+    ckpt = Checkpoint(path_or_run_dir)
+    tensors = ckpt.materialise()
+    if str(device) != "cpu":
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+    return tensors, ckpt.meta
 
 
 def remove_checkpoints(run_dir: Path | str) -> None:
     """Delete a run's checkpoints: tierec's own step directories, ``latest`` and debris, nothing else."""
     run_dir = Path(run_dir)
-    for old in _step_dirs(run_dir):
+    for old in step_dirs(run_dir):
         trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
         os.replace(old, trash)
     (run_dir / LATEST_FILE).unlink(missing_ok=True)
-    _remove_debris(run_dir)
+    remove_debris(run_dir)
     try:
         run_dir.rmdir()
     except OSError:
         pass  # something not ours is left in it
 
 
-def _step_dirs(run_dir: Path) -> list[Path]:
+def step_dirs(run_dir: Path) -> list[Path]:
     """Checkpoint directories of a run, oldest step first."""
     found = [
         (int(m.group(1)), p)
         for p in run_dir.iterdir()
-        if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and any((p / f).is_file() for f in _OWN_FILES)
+        if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and any((p / f).is_file() for f in _OWN_FILES)
     ]
     return [p for _, p in sorted(found)]
 
 
-def _prepare_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def prepare_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Detached, CPU, contiguous tensors, none sharing storage (safetensors refuses aliasing)."""
     out: dict[str, Tensor] = {}
     storages: set[int] = set()
@@ -249,7 +369,7 @@ def _prepare_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _remove_debris(run_dir: Path) -> None:
+def remove_debris(run_dir: Path) -> None:
     for p in run_dir.iterdir():
         if _DEBRIS.fullmatch(p.name):
             if p.is_dir():
@@ -258,7 +378,7 @@ def _remove_debris(run_dir: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -266,7 +386,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make a rename or new entry in ``path`` durable (a no-op where directories cannot be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -280,18 +400,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
-    _write_durably(tmp, text)
+    write_durably(tmp, text)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # ----------------------------------------------------- nested state <-> flat tensors

@@ -14,15 +14,19 @@ read as zeros and are not inserted) and no gradient is taken.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
 from tierec.config import Config
-from tierec.data import BackgroundLoader, BatchSource, open_source
+from tierec.data import BackgroundLoader, BatchSource, DataError, open_source, prefetch
+from tierec.data.blocks import to_batch
+from tierec.data.keys import read_key_columns
 from tierec.train.components import Components
 from tierec.train.metrics import EvalAccumulator, auc
 
@@ -42,6 +46,22 @@ def _scores(cfg: Config, parts: Components, source: BatchSource, max_batches: in
         parts.train(was_training)
 
 
+class UndefinedMetricError(DataError):
+    """An evaluation with no rows or one class only: its AUC is undefined (a user error, exit status 2)."""
+
+
+def require_defined(result: dict[str, float], what: str) -> None:
+    """Raise UndefinedMetricError (one line) when ``result`` has no rows or an undefined AUC."""
+    if not result["rows"]:
+        raise UndefinedMetricError(f"{what} has no well-formed rows, so it has no AUC (see the warning above; check data.test_rows / data.test_fraction)")
+    if math.isnan(result["auc"]):
+        rate = result["positive_rate"]
+        raise UndefinedMetricError(
+            f"{what} has {result['rows']} rows with positive rate {rate:.3f}: one class only, so its AUC is undefined "
+            "(a larger test split, or data.schema.label_threshold for labels that are not 0/1)"
+        )
+
+
 def evaluate(cfg: Config, parts: Components, split: str = "test") -> dict[str, float]:
     """AUC, logloss, row count and positive rate on a split of the configured data."""
     source = open_source(cfg.data, split, cfg.train.batch_size)
@@ -51,26 +71,50 @@ def evaluate(cfg: Config, parts: Components, split: str = "test") -> dict[str, f
     return acc.compute()
 
 
-def predict(cfg: Config, parts: Components, split: str, out_path: str | Path) -> int:
-    """Write one score (click probability) per row of ``split`` to ``out_path``; returns rows written.
+def predict(cfg: Config, parts: Components, split: str, out_path: str | Path, keys: list[str] | tuple[str, ...] = ()) -> int:
+    """Score every well-formed row of ``split``; write the scores beside each row's key; returns rows written.
 
-    ``.parquet`` gets columns ``score`` and ``label``; anything else gets one
-    probability per line.
+    The file may lack its label column (new data). Columns written: the ``keys``
+    columns of the file as it has them, or else ``row`` (the 0-based data row,
+    header excluded; for shards and synthetic data the row's position in the
+    split), then ``score`` (click probability), then ``label`` when the file has
+    labels. ``.parquet`` writes Parquet, ``.tsv`` tab-separated text, anything
+    else CSV with a header line.
     """
-    source = open_source(cfg.data, split, cfg.train.batch_size)
-    chunks, labels = [], []
-    for logits, y in _scores(cfg, parts, source):
-        chunks.append(torch.sigmoid(logits).numpy())
-        labels.append(y.numpy())
-    scores = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.float32)
+    source = open_source(cfg.data, split, cfg.train.batch_size, label_optional=True)
+    scores, labels, rows = [], [], []
+    seen = 0
+    was_training = parts.model.training
+    parts.train(False)
+    try:
+        with torch.no_grad():
+            for block in prefetch(source.row_blocks, depth=cfg.data.prefetch_batches, name="tierec-predict"):
+                batch = to_batch(block, source.feature_names).to(cfg.train.device)
+                scores.append(torch.sigmoid(parts.forward(batch)).cpu().numpy())
+                labels.append(block.labels)
+                rows.append(block.rows if block.rows is not None else np.arange(seen, seen + block.size, dtype=np.int64))
+                seen += block.size
+    finally:
+        parts.train(was_training)
+    score = np.concatenate(scores) if scores else np.empty(0, np.float32)
+    row = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    columns: dict[str, pa.Array] = dict(read_key_columns(cfg.data, list(keys), row)) if keys else {"row": pa.array(row)}
+    columns["score"] = pa.array(score)
+    if source.labeled:
+        columns["label"] = pa.array(np.concatenate(labels) if labels else score)
+    write_table(pa.table(columns), out_path)
+    return int(score.shape[0])
+
+
+def write_table(table: pa.Table, out_path: str | Path) -> None:
+    """Parquet for ``.parquet``, tab-separated for ``.tsv``, else CSV with a header."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".parquet":
-        table = pa.table({"score": scores, "label": np.concatenate(labels) if labels else scores})
+    if out.suffix.lower() in (".parquet", ".pq"):
         pq.write_table(table, out)
     else:
-        np.savetxt(out, scores, fmt="%.6f")
-    return int(scores.shape[0])
+        delimiter = "\t" if out.suffix.lower() == ".tsv" else ","
+        pacsv.write_csv(table, out, write_options=pacsv.WriteOptions(delimiter=delimiter, quoting_style="needed"))
 
 
 def planted_auc(cfg: Config, rows: int) -> float:

@@ -1,20 +1,36 @@
-"""Everything a run must save to continue exactly: one flat tensor dict plus a JSON skeleton.
+"""Everything a run must save to continue exactly: small tensors plus a JSON skeleton, and row chunks.
 
+``snapshot_state`` gives the dense model, optimizer, RNG and the embeddings'
+small state (group steps, store counters) as one flat tensor dict with its
+skeleton; ``row_chunks`` streams every embedding row, a bounded chunk at a
+time. ``restore_checkpoint`` reads them back from a :class:`Checkpoint`, one
+chunk file at a time, keeping the rows this process owns.
+
+>>> import tempfile
 >>> from tierec.config import load_config
+>>> from tierec.train.checkpoint import Checkpoint, save_checkpoint
 >>> from tierec.train.components import Components
->>> from tierec.train.state import restore_state, snapshot_state
+>>> from tierec.train.state import restore_checkpoint, row_chunks, snapshot_state
 >>> parts = Components.build(load_config(None, ["embedding.dim=4"]), ["C1"], n_dense=1)
 >>> tensors, skeleton = snapshot_state(parts)
->>> restore_state(parts, tensors, skeleton)
+>>> run = save_checkpoint(tempfile.mkdtemp(), 0, tensors, {"state": skeleton}, rows=row_chunks(parts))
+>>> restore_checkpoint(parts, Checkpoint(run))
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from torch import Tensor
 
-from tierec.train.checkpoint import capture_rng_state, flatten_state, restore_rng_state, unflatten_state
+from tierec.train.checkpoint import (
+    CHUNK_BYTES,
+    Checkpoint,
+    capture_rng_state,
+    flatten_state,
+    restore_rng_state,
+    unflatten_state,
+)
 from tierec.train.components import Components
 
 
@@ -24,7 +40,7 @@ def embedding_collections(parts: Components) -> list[tuple[str, Any]]:
 
 
 def snapshot_state(parts: Components) -> tuple[dict[str, Tensor], Any]:
-    """Embedding rows (with their optimizer state), dense model and optimizer, RNG states."""
+    """Dense model and optimizer, RNG states, and the embeddings' non-row state (``{prefix}/...``)."""
     state: dict[str, Any] = {
         "model": parts.model.state_dict(),
         "optimizer": parts.optimizer.state_dict(),
@@ -32,23 +48,62 @@ def snapshot_state(parts: Components) -> tuple[dict[str, Tensor], Any]:
     }
     tensors, skeleton = flatten_state(state)
     for name, coll in embedding_collections(parts):
-        tensors.update({f"{name}/{k}": v for k, v in coll.state_dict().items()})
+        tensors.update({f"{name}/{k}": v for k, v in coll.state_meta().items()})
     return tensors, skeleton
 
 
+def row_chunks(parts: Components, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[str, dict[str, Tensor]]]:
+    """``("{prefix}/{table}", records)`` of every embedding row this process holds, in bounded chunks."""
+    for name, coll in embedding_collections(parts):
+        for table, records in coll.iter_rows(chunk_bytes):
+            yield f"{name}/{table}", records
+
+
 def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
-    dense = {k: v for k, v in tensors.items() if "/" not in k}
-    state = unflatten_state(dense, skeleton)
+    """Restore from one flat dict: ``snapshot_state`` output, or a whole checkpoint held in RAM (rows included)."""
+    _restore_dense(parts, tensors, skeleton)
+    for name, coll in embedding_collections(parts):
+        prefix = f"{name}/"
+        part = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if any(k.endswith(".ids") for k in part):
+            coll.load_state_dict(part)
+        else:
+            coll.load_state_meta(part)
+
+
+def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world_size: int = 1) -> None:
+    """Restore from a checkpoint saved on any number of processes, one chunk file in RAM at a time.
+
+    Rows are handed to each collection's ``load_rows``, which keeps the ones
+    this process owns. The embeddings' counters are this rank's own when the
+    world size is unchanged, else rank 0's.
+    """
+    dense = ckpt.state(0)
+    if ckpt.format < 2:  # every tensor in one file
+        restore_state(parts, dense, ckpt.meta["state"])
+        return
+    _restore_dense(parts, dense, ckpt.meta["state"])
+    own = ckpt.state(rank) if ckpt.world_size == world_size and rank > 0 else dense
+    colls = dict(embedding_collections(parts))
+    for name, coll in colls.items():
+        prefix = f"{name}/"
+        coll.load_state_meta({k[len(prefix) :]: v for k, v in own.items() if k.startswith(prefix)})
+    del dense, own
+    for label, records in ckpt.rows():
+        name, table = label.split("/", 1)
+        colls[name].load_rows(table, records)
+
+
+def _restore_dense(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
+    state = unflatten_state({k: v for k, v in tensors.items() if "/" not in k}, skeleton)
     parts.model.load_state_dict(state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])
     restore_rng_state(state["rng"])
-    for name, coll in embedding_collections(parts):
-        prefix = f"{name}/"
-        coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
 
 
-def load_rows(parts: Components, tensors: dict[str, Tensor]) -> None:
-    """The embedding rows of one more shard of a sharded checkpoint (each rank keeps the rows it owns)."""
+def load_shard_rows(parts: Components, tensors: dict[str, Tensor]) -> None:
+    """The embedding rows of one more shard of a checkpoint in the previous sharded format
+    (each rank keeps the rows it owns)."""
     for name, coll in embedding_collections(parts):
         prefix = f"{name}/"
         coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})

@@ -33,14 +33,15 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
+from tierec.distributed.checkpoint import is_sharded, resolve_checkpoint
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
-from tierec.train.checkpoint import save_checkpoint
+from tierec.train.checkpoint import Checkpoint, save_checkpoint
 from tierec.train.components import Components
-from tierec.train.evaluate import evaluate, planted_auc
+from tierec.train.evaluate import evaluate, planted_auc, require_defined
 from tierec.train.metrics import EvalAccumulator
-from tierec.train.state import load_rows, restore_state, snapshot_state
+from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tomli_w import dumps as dump_toml
 
 
@@ -193,6 +194,7 @@ class Trainer:
         log.write({"kind": "final", **summary})
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
         return summary
 
     # ------------------------------------------------------------- pieces
@@ -251,14 +253,21 @@ class Trainer:
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        self.job.save(ckpt_dir, pos.step, tensors, meta, save_checkpoint)
+        self.job.save(ckpt_dir, pos.step, tensors, meta, row_chunks(parts), save_checkpoint)  # rows streamed in chunks
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
-        # a checkpoint of any world size: single-process or sharded (each rank keeps the rows it owns)
-        meta = self.job.load(ckpt_dir, lambda t, skeleton: restore_state(parts, t, skeleton), lambda t: load_rows(parts, t))
-        if meta is None:
+        ckpt = resolve_checkpoint(ckpt_dir)
+        if ckpt is None:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
+        ctx = self.job.ctx
+        if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard, keeps its rows
+            meta = self.job.load_sharded(ckpt, lambda t, skeleton: restore_state(parts, t, skeleton), lambda t: load_shard_rows(parts, t))
+        else:  # saved on any number of processes; rows read a chunk at a time, each rank keeps its own
+            loaded = Checkpoint(ckpt)
+            restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
+            meta = loaded.meta
+        self.job.steps_run = int(meta["position"]["step"])
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")
         return pos

@@ -1,0 +1,126 @@
+"""Functions the hierarchical-training tests run on every spawned rank (importable by name), and their inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tierec.config import OptimizerConfig, OptimizerKind
+from tierec.distributed import DistContext
+from tierec.distributed.codecs import codec
+from tierec.distributed.cross import replica_sum_rows
+from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
+from tierec.distributed.exchange import Traffic
+from tierec.distributed.mesh import Hierarchy
+from tierec.distributed.row_sync import RowAverager, RowGradientSync
+from tierec.embedding.group import TableGroup
+from tierec.embedding.table import TableConfig
+
+CODECS = ["none", "fp16", "bf16", "int8"]
+DIM = 6
+
+
+def rows_of(rank: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """Rank r's contribution: overlapping (table, id) sets, values of varied scale."""
+    rng = np.random.default_rng(100 + rank)
+    keys = rng.choice(40, size=25, replace=False).astype(np.int64)
+    tabs = (keys % 2).astype(np.int32)
+    vals = torch.from_numpy(rng.standard_normal((25, DIM)).astype(np.float32)) * float(rng.uniform(0.01, 3))
+    return keys, tabs, vals
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def dense_data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 5, generator=g), torch.randn(8, 1, generator=g)
+
+
+def _train_dense(ddp: nn.Module, rank: int, steps: int) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    grads = []
+    for s in range(steps):
+        x, y = dense_data(rank, s)
+        opt.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]).clone())
+        opt.step()
+    return grads
+
+
+def _table_group() -> TableGroup:
+    adagrad = OptimizerConfig(kind=OptimizerKind.ADAGRAD, lr=0.1)
+    return TableGroup([TableConfig(name="t", dim=DIM, features=["f"], optimizer=adagrad),
+                       TableConfig(name="u", dim=DIM, features=["g"], optimizer=adagrad)], seed=5)
+
+
+def mesh_worker(ctx: DistContext, out_dir: str, group_size: int) -> None:
+    """Every phase-1 piece on a 2-D mesh; saves what the test compares."""
+    h = Hierarchy.build(ctx, group_size)
+    out: dict = {"replica": h.replica, "shard": h.shard}
+    gctx = h.group_context(ctx)
+    out["group_ctx"] = (gctx.rank, gctx.world_size)
+    x = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(x, group=h.shard_group)
+    out["shard_sum"] = float(x)
+    y = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(y, group=h.replica_group)
+    out["replica_sum"] = float(y)
+    z = torch.tensor([1.0])
+    dist.all_reduce(z, group=h.shard_sparse_group)
+    out["sparse_size"] = float(z)
+
+    keys, tabs, vals = rows_of(ctx.rank)
+    for name in CODECS:
+        k, t, s = replica_sum_rows(keys, tabs, vals, codec(name), None, h.replica_group)
+        out[f"rows/{name}"] = (k, t, s)
+
+    # gradients mode, dense: the hook against DDP's own all-reduce over the whole job
+    plain = DistributedDataParallel(mlp())
+    out["dense/plain"] = _train_dense(plain, ctx.rank, 3)
+    for name in CODECS:
+        model = DistributedDataParallel(mlp())
+        state = HookState(hier=h, codec=codec(name))
+        model.register_comm_hook(state, hierarchical_hook)
+        out[f"dense/{name}"] = _train_dense(model, ctx.rank, 3)
+        out[f"dense_traffic/{name}"] = dict(state.traffic.bytes_sent)
+
+    # average mode, dense: replicas diverge, then average
+    for name in CODECS:
+        net = mlp()
+        avg = DenseAverager(list(net.parameters()), codec(name), h.replica_group, Traffic())
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.01 * (h.replica + 1))
+        before = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone()
+        avg.sync()
+        out[f"avg/{name}"] = (before, torch.cat([p.detach().reshape(-1) for p in net.parameters()]).clone())
+
+    # embedding rows, both modes
+    for name in CODECS:
+        grp = _table_group()
+        rows = grp.lookup(keys, tabs, insert=True)
+        gsync = RowGradientSync(grp, codec(name), h.replica_group)
+        urows, sums = gsync.reduce(rows, vals)
+        out[f"rowgrad/{name}"] = (grp.index.row_keys[urows.numpy()].copy(), sums)
+
+        grp = _table_group()
+        averager = RowAverager(grp, codec(name), h.replica_group)
+        for step in range(2):  # two updates between syncs, on rows that differ per replica
+            sel = slice(step * 5, step * 5 + 15)
+            r = grp.lookup(keys[sel], tabs[sel], insert=True)
+            averager.touch(r)
+            grp.update(r, vals[sel])
+        before = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
+        averager.sync()
+        after = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
+        out[f"rowavg/{name}"] = (before, after)
+    torch.save(out, Path(out_dir) / f"rank{ctx.rank}.pt")

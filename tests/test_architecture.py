@@ -129,7 +129,8 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
 #   (train/rundir.py) and starts the trainer; train -> distributed: the loop runs on a Job.
 KNOWN_PACKAGE_CYCLES = [["tierec.distributed", "tierec.train"]]
 # - data/shards.py opens a shard set's files through data/source.py, which reads shard sets.
-KNOWN_MODULE_CYCLES = [["tierec.data.shards", "tierec.data.source"]]
+# - distributed/context.py builds the 2-D mesh (distributed/mesh.py), which takes a context (issue 14).
+KNOWN_MODULE_CYCLES = [["tierec.data.shards", "tierec.data.source"], ["tierec.distributed.context", "tierec.distributed.mesh"]]
 KNOWN_PRIVATE = {"tierec.distributed.checkpoint"}  # imports train/checkpoint.py's helpers (issue 13 part B)
 
 

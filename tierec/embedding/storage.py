@@ -181,12 +181,17 @@ _ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "st
 _COUNT_ENTRIES = ("pruned_chunks", "regrown_chunks", "evicted_rows", "store.counters")
 
 
+def is_count_entry(key: str) -> bool:
+    """Whether a table-state entry is an event count (shards' values add up)."""
+    return key.endswith(tuple("." + e for e in _COUNT_ENTRIES))
+
+
 def combine_shards(key: str, values: list[Tensor]) -> Tensor:
     """One table-state entry (``<table>.ids``, ``<table>.opt.sum``, ``<table>.chunked.weights``, ...) of
     every shard, as one process's state would hold it."""
     if key.endswith(tuple("." + e for e in _ROW_ENTRIES)) or ".opt." in key or ".chunked." in key:
         return torch.cat(values)
-    if key.endswith(tuple("." + e for e in _COUNT_ENTRIES)):
+    if is_count_entry(key):
         return torch.stack(values).sum(0)
     return values[0]
 

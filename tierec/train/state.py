@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import torch
 from torch import Tensor
+
+from tierec.embedding.storage import combine_shards, is_count_entry
 
 from tierec.train.checkpoint import (
     CHUNK_BYTES,
@@ -83,7 +86,10 @@ def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world
         restore_state(parts, dense, ckpt.meta["state"])
         return
     _restore_dense(parts, dense, ckpt.meta["state"])
-    own = ckpt.state(rank) if ckpt.world_size == world_size and rank > 0 else dense
+    if ckpt.world_size == world_size:
+        own = ckpt.state(rank) if rank > 0 else dense
+    else:  # another world size: the job's event counts (summed over the shards) go to rank 0 alone
+        own = _job_counters(dense, [ckpt.state(r) for r in range(1, ckpt.world_size)], first=rank == 0)
     colls = dict(embedding_collections(parts))
     for name, coll in colls.items():
         prefix = f"{name}/"
@@ -92,6 +98,19 @@ def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world
     for label, records in ckpt.rows():
         name, table = label.split("/", 1)
         colls[name].load_rows(table, records)
+
+
+def _job_counters(dense: dict[str, Tensor], others: list[dict[str, Tensor]], *, first: bool) -> dict[str, Tensor]:
+    """The embeddings' non-row state of a job as one process's: event counts summed over the shards
+    (on ``first`` only, zeros elsewhere, so the job's sum is kept), the rest rank 0's. The pruner's
+    budget (``prune.target_ratio``) counts the evicted rows, so the sum matters."""
+    out = {}
+    for k, v in dense.items():
+        if "/" not in k:
+            continue
+        total = combine_shards(k, [v] + [o[k] for o in others if k in o])
+        out[k] = total if first or not is_count_entry(k) else torch.zeros_like(total)
+    return out
 
 
 def _restore_dense(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:

@@ -1,10 +1,15 @@
 """END-TO-END comparison: DLRM training steps, then test AUC on a held-out set.
 
 The dense model is the same class for every system (tierec's DLRM from
-``build_model``, seeded identically) trained with Adam; only the embedding
-side differs:
+``build_model``, seeded identically; ``Workload.model``: the small default or
+MLPerf's dims, benchmarks.models) trained with Adam; the tables are fp32 for
+every system; only the embedding side and the dense model's precision differ:
 
-- tierec: EmbeddingCollection, fused row-wise Adagrad, raw 64-bit keys;
+- tierec: EmbeddingCollection, fused row-wise Adagrad, raw 64-bit keys, and
+  the dense model run with tierec's defaults (``train.precision = "auto"``,
+  ``train.compile = "auto"``: bf16 autocast on a CPU with native bf16);
+- tierec-fp32: the same, with the dense model in fp32 like the peers (like for
+  like: what the engine alone gives);
 - torchrec: FusedEmbeddingBagCollection over FBGEMM, fused RowWiseAdagrad;
 - torch: nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad
   (element-wise: torch has no row-wise Adagrad).
@@ -60,11 +65,12 @@ def auc(scores: Tensor, labels: Tensor) -> float:
 
 
 def dense_model(w: Workload, seed: int) -> nn.Module:
-    from tierec.config import ModelConfig
+    from benchmarks.models import model_config
     from tierec.models import build_model
 
+    cfg, dim = model_config(w.model, w.dim)
     torch.manual_seed(seed)  # identical dense init for every system
-    return build_model(ModelConfig(name="dlrm"), n_dense=N_DENSE, n_sparse=w.tables, dim=w.dim)
+    return build_model(cfg, n_dense=N_DENSE, n_sparse=w.tables, dim=dim)
 
 
 class _Trainer:
@@ -83,8 +89,11 @@ class _Trainer:
     def sparse_step(self) -> None:
         """Peers with a separate (non-fused) sparse optimizer step it here."""
 
+    def dense(self, dense: Tensor, emb: Tensor) -> Tensor:  # [B] logits
+        return self.model(dense, emb, None)
+
     def step(self, b: CTRBatch) -> None:
-        logits = self.model(b.dense, self.embed(b), None)
+        logits = self.dense(b.dense, self.embed(b))
         loss = F.binary_cross_entropy_with_logits(logits, b.labels)
         self.dense_opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -96,17 +105,25 @@ class _Trainer:
     def predict(self, b: CTRBatch) -> Tensor:  # [B] logits
         self.model.eval()
         try:
-            return self.model(b.dense, self.embed(b), None)
+            return self.dense(b.dense, self.embed(b))
         finally:
             self.model.train()
 
 
 class TierecTrainer(_Trainer):
     name = "tierec"
+    precision = "auto"  # tierec's defaults (TrainConfig)
+    compile = "auto"
 
     def __init__(self, w: Workload) -> None:
+        from tierec.train.precision import DenseStep
+
         super().__init__(w)
         self.coll = tierec_collection(w, kind=w.optimizer)
+        self.dense_step = DenseStep(self.model, self.precision, self.compile)
+
+    def dense(self, dense: Tensor, emb: Tensor) -> Tensor:
+        return self.dense_step(dense, emb, None)
 
     def embed(self, b: CTRBatch) -> Tensor:
         return self.coll(tierec_features(self.w, b.ids))
@@ -118,6 +135,11 @@ class TierecTrainer(_Trainer):
             return super().predict(b)
         finally:
             self.coll.train()
+
+
+class TierecFp32Trainer(TierecTrainer):
+    name = "tierec-fp32"
+    precision = "fp32"
 
 
 class TorchrecTrainer(_Trainer):
@@ -150,7 +172,7 @@ class TorchTrainer(_Trainer):
         self.sparse_opt.zero_grad(set_to_none=True)
 
 
-TRAINERS = {"tierec": TierecTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
+TRAINERS = {"tierec": TierecTrainer, "tierec-fp32": TierecFp32Trainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
 
 
 def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16, data: str = "planted") -> dict:
@@ -232,7 +254,7 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
 def e2e_markdown(res: dict) -> str:
     w = res["workload"]
     title = (
-        f"E2E DLRM, {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
+        f"E2E DLRM ({w.get('model', 'small')}), {w['tables']} tables x {w['rows']:,} rows, dim {w['dim']}, batch {w['batch']}, zipf {w['zipf']}, "
         f"{w['steps']} steps x {res['repeats']} repeats; test AUC on {res['test_rows']:,} held-out rows; "
         f"data: {res.get('data', 'planted')}; sparse optimizer {w.get('optimizer', 'rowwise_adagrad')}; {omp_wait_note()}"
     )

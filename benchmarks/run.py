@@ -27,7 +27,7 @@ from benchmarks.systems import ENGINE_SYSTEMS
 from benchmarks.workload import Workload
 
 WHICH = ("engine", "e2e", "memory", "profile", "all")
-E2E_SYSTEMS = ("tierec", "torchrec", "torch")
+E2E_SYSTEMS = ("tierec", "tierec-fp32", "torchrec", "torch")
 
 
 def _available_gib() -> float:
@@ -45,7 +45,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--which", choices=WHICH, default="engine")
     p.add_argument("--tables", type=int, default=26)
     p.add_argument("--rows", type=int, default=1_000_000, help="rows per table (id range)")
-    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--dim", type=int, default=0, help="embedding dim (0 = 16; 128 with --model mlperf)")
+    p.add_argument("--model", choices=["small", "mlperf"], default="small",
+                   help="e2e dense model: tierec's default DLRM, or DLRM with MLPerf's dims (benchmarks.models)")
+    p.add_argument("--no-keep-heap", action="store_true",
+                   help="leave glibc's malloc thresholds as they are (by default the run applies "
+                   "tierec.train.allocator.keep_heap, as `tierec train` does, process-wide: every system gets it)")
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the ids; 0 = uniform")
     p.add_argument("--hot", type=int, default=1, help="ids per sample per feature (1 = one-hot)")
@@ -83,7 +88,14 @@ def machine() -> dict:
         "loadavg": os.getloadavg(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: OpenMP default, spin a while then sleep)"),
         "omp_wait_policy_in_force": bool(OMP_WAIT_POLICY_APPLIED),
+        "cpu_flags_bf16": sorted(_bf16_flags()),
     }
+
+
+def _bf16_flags() -> set[str]:
+    from tierec.train.precision import BF16_CPU_FLAGS, cpu_flags
+
+    return cpu_flags() & set(BF16_CPU_FLAGS)
 
 
 def _cpu_model() -> str:
@@ -104,10 +116,17 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
+    if not args.no_keep_heap:
+        from tierec.train.allocator import keep_heap
+
+        keep_heap()
+    from benchmarks.models import model_config
+
     w = Workload(
         tables=args.tables,
         rows=args.rows,
-        dim=args.dim,
+        dim=model_config(args.model, args.dim)[1],
+        model=args.model,
         batch=args.batch,
         zipf=args.zipf,
         hot=args.hot,
@@ -124,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chosen = [s for s in args.systems.split(",") if s]
     out: dict = {"argv": sys.argv[1:] if argv is None else list(argv), "machine": machine(), "results": {}}
+    out["machine"]["keep_heap"] = not args.no_keep_heap
     texts = []
     t0 = time.perf_counter()
     for kind in which:

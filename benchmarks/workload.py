@@ -42,6 +42,7 @@ class Workload:
     eps: float = 1e-8
     optimizer: str = "rowwise_adagrad"  # sparse optimizer: rowwise_adagrad or adagrad (element-wise; e2e only)
     seed: int = 0
+    model: str = "small"  # e2e dense model: small (tierec's default DLRM) or mlperf (benchmarks.models)
 
     def __post_init__(self) -> None:
         for k in ("tables", "rows", "dim", "batch", "hot", "steps"):

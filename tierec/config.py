@@ -236,10 +236,18 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True
     device: str = "cpu"
+    # The dense model's arithmetic (tierec/train/precision.py): auto = bf16 autocast where the
+    # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
+    precision: str = "auto"  # auto | fp32 | bf16
+    compile: str = "auto"  # torch.compile the dense model: auto | on | off
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
             raise ConfigError("train.batch_size must be positive")
+        if self.precision not in {"auto", "fp32", "bf16"}:
+            raise ConfigError(f"train.precision {self.precision!r} is not one of auto, fp32, bf16")
+        if self.compile not in {"auto", "on", "off"}:
+            raise ConfigError(f"train.compile {self.compile!r} is not one of auto, on, off")
         if self.dense_optimizer not in {"adam", "adagrad", "sgd"}:
             raise ConfigError(f"train.dense_optimizer {self.dense_optimizer!r} is not one of adam, adagrad, sgd")
 
@@ -269,7 +277,7 @@ class StoreConfig:
     Sizes are bytes or human sizes ("2GiB", "512MB"). ``memory_budget`` bounds the
     rows held in RAM (fast tier + host tier) of all tables without their own
     entry in ``tables``, split between the table groups by row size; the
-    directory of ids (about 45 bytes per id) comes on top. A table that outgrows
+    directory of ids (about 21 bytes per id, docs/scale.md) comes on top. A table that outgrows
     its budget spills to ``disk_path``. See tierec/store/ and docs/performance.md.
     """
 

@@ -124,3 +124,34 @@ def mesh_worker(ctx: DistContext, out_dir: str, group_size: int) -> None:
         after = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
         out[f"rowavg/{name}"] = (before, after)
     torch.save(out, Path(out_dir) / f"rank{ctx.rank}.pt")
+
+
+def hier_collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, dict]]) -> None:
+    """dist_workers.collection_worker on a 2-D mesh: the sharded collection with cross-group sync."""
+    from dist_workers import FEATURES, STEPS, make_batches, make_tables
+    from tierec.config import DistConfig
+    from tierec.distributed.data import slice_bounds, slice_sparse
+    from tierec.distributed.hierarchical import Hierarchical
+    from tierec.embedding import EmbeddingCollection
+
+    batches = make_batches()
+    w = ctx.world_size
+    bounds = [slice_bounds(sp.batch_size, w, ctx.rank) for sp, _ in batches]
+    local = [slice_sparse(sp, lo, hi) for (sp, _), (lo, hi) in zip(batches, bounds)]
+    for name, over in variants:
+        cfg = DistConfig(group_size=2, **over)
+        h = Hierarchical.build(ctx, cfg)
+        coll = h.shard_collection(EmbeddingCollection(make_tables(), FEATURES, seed=3))
+        for s in range(STEPS):
+            if s + 1 < STEPS:
+                coll.prefetch(local[s + 1])
+            lo, hi = bounds[s]
+            loss = (coll(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
+            loss.backward()
+            h.after_step()
+        h.sync_now()
+        hot = coll.hot_rows()
+        coll.close()
+        result = {"state": coll.state_dict(), "hot_rows": hot, "traffic": coll.traffic.per_step(),
+                  "bytes": h.bytes_per_step()}
+        torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")

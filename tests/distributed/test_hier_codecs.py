@@ -126,3 +126,12 @@ def test_jobs_refuse_a_group_size_that_does_not_divide_or_is_not_wired() -> None
         check_mesh(DistConfig(group_size=3), 4, 4)
     with pytest.raises(ConfigError, match=r"^dist.group_size = 2: hierarchical training \(2 groups of 2\)"):
         check_mesh(DistConfig(group_size=2), 4, 4)
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8"])
+def test_no_rows(name: str) -> None:
+    c = codec(name)
+    assert c.decode(c.encode(torch.zeros(0, 4)), 4).shape == (0, 4)
+    k, t, s = replica_sum_rows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), torch.zeros(0, 4), c,
+                               RowResiduals(4), None)
+    assert k.shape == (0,) and s.shape == (0, 4)

@@ -48,7 +48,9 @@ class Codec(Protocol):
 
 
 def _bytes(x: Tensor) -> Tensor:  # [N, D] any dtype -> [N, D * itemsize] uint8
-    return _packed(x).view(torch.uint8).reshape(x.shape[0], -1)
+    if x.numel() == 0:  # (an empty tensor's strides cannot be viewed as another dtype)
+        return torch.empty(x.shape[0], x.shape[1] * x.element_size(), dtype=torch.uint8)
+    return _packed(x).view(torch.uint8).reshape(x.shape[0], x.shape[1] * x.element_size())
 
 
 def _packed(x: Tensor) -> Tensor:
@@ -73,6 +75,8 @@ class PlainCodec:
         return _bytes(x.to(self.dtype))
 
     def decode(self, payload: Tensor, dim: int) -> Tensor:
+        if payload.numel() == 0:
+            return torch.zeros(payload.shape[0], dim)
         return _packed(payload).view(self.dtype).reshape(payload.shape[0], dim).float()
 
 
@@ -95,6 +99,8 @@ class Int8RowCodec:
         return torch.cat([q, _bytes(torch.cat([lo, scale], 1))], 1)
 
     def decode(self, payload: Tensor, dim: int) -> Tensor:
+        if payload.shape[0] == 0:
+            return torch.zeros(0, dim)
         q = payload[:, :dim].float()
         lo_scale = _packed(payload[:, dim:]).view(torch.float32).reshape(-1, 2)  # [N, 2]
         return q * lo_scale[:, 1:2] + lo_scale[:, 0:1]

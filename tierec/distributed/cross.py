@@ -44,14 +44,15 @@ CROSS = "cross/"  # prefix of the Traffic kinds that cross groups
 
 
 def _pack(keys: np.ndarray, tabs: np.ndarray, payload: Tensor) -> Tensor:  # -> [N, 12 + P] uint8
-    k = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64)).view(torch.uint8).reshape(-1, 8)
-    t = torch.from_numpy(np.ascontiguousarray(tabs, dtype=np.int32)).view(torch.uint8).reshape(-1, 4)
-    return torch.cat([k, t, payload], 1)
+    k = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint8).reshape(-1, 8)
+    t = np.ascontiguousarray(tabs, dtype=np.int32).view(np.uint8).reshape(-1, 4)
+    return torch.cat([torch.from_numpy(k), torch.from_numpy(t), payload], 1)
 
 
 def _unpack(wire: Tensor) -> tuple[np.ndarray, np.ndarray, Tensor]:
-    keys = wire[:, :8].clone(memory_format=torch.contiguous_format).view(torch.int64).reshape(-1).numpy()
-    tabs = wire[:, 8:12].clone(memory_format=torch.contiguous_format).view(torch.int32).reshape(-1).numpy()
+    raw = wire.numpy()
+    keys = np.ascontiguousarray(raw[:, :8]).view(np.int64).reshape(-1)
+    tabs = np.ascontiguousarray(raw[:, 8:12]).view(np.int32).reshape(-1)
     return keys, tabs, wire[:, _KEY_BYTES:]
 
 

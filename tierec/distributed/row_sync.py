@@ -84,6 +84,7 @@ class RowAverager:
         self.traffic = traffic
         self.names = sorted(owner.state)
         widths = [owner.dim] + [int(np.prod(owner.state[n].shape[1:])) for n in self.names]
+        self.widths = widths  # weights, then each optimizer state, in floats per row
         self.width = sum(widths)  # floats per record: weights, then each optimizer state
         self.codec = SegmentedCodec(c, widths)
         self.residuals = RowResiduals(self.width) if c.lossy else None
@@ -92,17 +93,17 @@ class RowAverager:
         self._anchors: list[Tensor] = []  # their records at first touch [n, width]
 
     def records(self, rows: Tensor) -> Tensor:  # [U] -> [U, width]
-        o = self.owner
-        parts = [o.weights.index_select(0, rows)] + [o.state[n].index_select(0, rows).reshape(rows.shape[0], -1)
-                                                    for n in self.names]
+        o, n = self.owner, rows.shape[0]
+        parts = [o.weights.index_select(0, rows)]
+        parts += [o.state[name].index_select(0, rows).reshape(n, w) for name, w in zip(self.names, self.widths[1:])]
         return torch.cat(parts, 1).cpu()
 
     def write(self, rows: Tensor, rec: Tensor) -> None:
         o = self.owner
-        parts = torch.split(rec.to(o.device), [o.dim] + [int(np.prod(o.state[n].shape[1:])) for n in self.names], 1)
+        parts = torch.split(rec.to(o.device), self.widths, 1)
         o.weights.index_copy_(0, rows, parts[0])
         for n, p in zip(self.names, parts[1:]):
-            o.state[n].index_copy_(0, rows, p.reshape(-1, *o.state[n].shape[1:]))
+            o.state[n].index_copy_(0, rows, p.reshape(p.shape[0], *o.state[n].shape[1:]))
 
     @property
     def touched(self) -> int:

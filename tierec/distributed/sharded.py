@@ -39,6 +39,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -102,6 +103,10 @@ class _GroupShard:
         self._dedupe = Deduper()
         self.steps = 0  # training steps this group has taken (drives the hot refresh)
         self.counts_steps = counts_steps  # this group advances traffic.steps
+        self.grad_divisor = ctx.world_size  # each rank's loss is scaled by W / B (hierarchical: the job's W)
+        # Hierarchical training (tierec/distributed/hierarchical.py): called with the owner's rows and their
+        # summed gradients before the fused step; returns the rows and gradients to update.
+        self.cross: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
 
     def owner_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         return owner_of(keys, tabs, self.ctx.world_size)
@@ -184,7 +189,11 @@ class _GroupShard:
         self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, width * 4), time.perf_counter() - t0)
         summed = torch.zeros(served.owner_rows.shape[0], width).index_add_(0, served.owner_inverse, recv)  # [U_o, width]
         acc = summed[:, d].numpy().copy() if counted else None
-        self.owner.update(served.owner_rows.to(self.owner.device), summed[:, :d].contiguous().to(self.owner.device), accesses=acc)
+        rows, summed = served.owner_rows, summed[:, :d].contiguous()  # [U_o, D]
+        if self.cross is not None:
+            rows, summed = self.cross(rows, summed)
+            acc = None  # cross-group sync (issue 14) is not combined with storages that count accesses
+        self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device), accesses=acc)
         self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1
         if self.counts_steps:  # one step per collection, not per group
@@ -211,8 +220,8 @@ class _ShardedPool(torch.autograd.Function):
         if layout.batch:
             pool_backward(grad_out.contiguous().numpy(), layout.inverse, layout.offsets, layout.scale, layout.batch,
                           backward_chunks(dim), grad.numpy())
-        if shard.ctx.world_size > 1:
-            grad.mul_(1.0 / shard.ctx.world_size)
+        if shard.grad_divisor > 1:
+            grad.mul_(1.0 / shard.grad_divisor)
         shard.backward(served, grad, np.bincount(layout.inverse, minlength=u).astype(np.float32))
         return None, None, None, None, None
 

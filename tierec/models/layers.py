@@ -61,6 +61,16 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
+def _columns(t: Tensor, index: Tensor) -> Tensor:
+    """``t[:, index]`` for a 2-D ``t``, by ``gather``.
+
+    ``index_select`` over columns is not vectorised for bfloat16: ``gather`` is
+    4x faster there (backward 8.0 against 2.1 ms) and as fast in float32 (batch
+    4096, 27 vectors of dim 16).
+    """
+    return torch.gather(t, 1, index.expand(t.shape[0], -1))
+
+
 class _PairDots(torch.autograd.Function):
     """Strict upper triangle of ``X X^T`` with a backward of one ``bmm``.
 
@@ -70,20 +80,30 @@ class _PairDots(torch.autograd.Function):
     of ``x`` is ``(G + G^T) x`` with ``G + G^T`` built by one gather from the
     output gradient padded with a zero column: 0.7x the time of the autograd
     pair at batch 4096, 27 vectors of dim 16.
+
+    Under autocast (``torch.autocast``) the products run in the autocast dtype,
+    as a ``bmm`` there would: the input is cast once, the cast copy is what is
+    saved, the output is in that dtype, and the backward returns the gradient
+    in the input's own dtype.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, pair_index: Tensor, sym_source: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.input_dtype = x.dtype
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and x.is_floating_point():
+            x = x.to(torch.get_autocast_dtype(device))
         ctx.save_for_backward(x, sym_source)
-        return torch.bmm(x, x.transpose(1, 2)).flatten(1).index_select(1, pair_index)
+        return _columns(torch.bmm(x, x.transpose(1, 2)).flatten(1), pair_index)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         x, sym_source = ctx.saved_tensors
         b, n = x.shape[0], x.shape[1]
+        grad = grad.to(x.dtype)
         padded = torch.cat([grad.new_zeros(b, 1), grad], dim=1)  # [B, 1 + P]: column 0 reads as zero
-        sym = padded.index_select(1, sym_source).view(b, n, n)  # G + G^T, zero diagonal
-        return torch.bmm(sym, x), None, None
+        sym = _columns(padded, sym_source).view(b, n, n)  # G + G^T, zero diagonal
+        return torch.bmm(sym, x).to(ctx.input_dtype), None, None
 
 
 class DotInteraction(nn.Module):

@@ -25,6 +25,7 @@ from tierec.models import CTRModel, build_model, model_class
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
 from tierec.store.plan import StorePlan
+from tierec.train.precision import DenseStep
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
 WIDE_INIT_SCALE = 1e-3
@@ -38,6 +39,7 @@ class Components:
     optimizer: torch.optim.Optimizer
     pruner: Pruner | None = None  # prunes the dims of `embeddings` every cfg.prune.every steps
     ddp: nn.Module | None = None  # `model` wrapped for data parallelism (distributed runs), else None
+    dense_step: DenseStep | None = None  # runs `model` (or `ddp`) in cfg.train.precision, compiled or not
 
     @staticmethod
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
@@ -66,13 +68,16 @@ class Components:
             raise ValueError(f"the models need one embedding dim for all features, got {sorted(dims)}")
         model = build_model(cfg.model, n_dense=n_dense, n_sparse=len(feature_names), dim=dims.pop()).to(device)
         pruner = Pruner(emb, cfg.prune) if cfg.prune.enabled else None
-        return Components(emb, wide, model, _dense_optimizer(cfg, model), pruner)
+        step = DenseStep(model, cfg.train.precision, cfg.train.compile)
+        return Components(emb, wide, model, _dense_optimizer(cfg, model), pruner, dense_step=step)
 
     def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
         emb = self.embeddings(batch.sparse)  # [B, F, D]
         wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None  # [B, F]
-        dense = self.ddp if self.ddp is not None else self.model
-        return dense(batch.dense, emb, wide)
+        if self.dense_step is None:
+            dense = self.ddp if self.ddp is not None else self.model
+            return dense(batch.dense, emb, wide)
+        return self.dense_step(batch.dense, emb, wide, module=self.ddp)
 
     def train(self, mode: bool = True) -> None:
         for m in self.modules():

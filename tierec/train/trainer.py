@@ -37,6 +37,7 @@ from tierec.distributed.checkpoint import is_sharded, resolve_checkpoint
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
+from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc, require_defined
@@ -107,6 +108,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
+        keep_heap()  # reuse freed activation buffers instead of page-faulting them in every step
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))

@@ -1,0 +1,162 @@
+"""Hierarchical training: a job's components on the ("replica", "shard") mesh (``dist.group_size``).
+
+``Hierarchical.build`` returns None for a flat job (one group: today's run,
+untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
+
+- ``shard_collection``: the embeddings are row-sharded over the rank's group
+  (today's ``ShardedEmbeddingCollection`` on the group's ``DistContext``, so
+  shard s of every group owns the same rows); each owner shard gets a
+  cross-group step before its fused update: ``gradients`` sums the row
+  gradients of every group across the replicas of the shard
+  (``RowGradientSync``; each rank's embedding gradient is divided by the job's
+  W, as its loss is scaled by W / B), ``average`` keeps the anchors of the
+  rows it touches (``RowAverager``; divided by the group's g: each group
+  trains on its own slices as a job of its own). Hot rows (``dist.hot_rows``)
+  in ``gradients`` mode are elected from job-wide counts and their gradients
+  all-reduced over the whole job, so every group replicates the same rows;
+- ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
+  communication hook; ``average``: DDP inside the group and a ``DenseAverager``
+  across groups;
+- ``after_step``: ``average`` syncs rows and dense parameters every
+  ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints.
+
+Traffic: the collections count inside-group kinds as before and cross-group
+ones under ``cross/``; ``traffic`` here counts the dense part's.
+
+>>> from tierec.config import DistConfig
+>>> from tierec.distributed import DistContext
+>>> from tierec.distributed.hierarchical import Hierarchical
+>>> Hierarchical.build(DistContext.single(), DistConfig()) is None   # one group: today's run
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tierec.config import ConfigError, DistConfig
+from tierec.distributed.codecs import codec
+from tierec.distributed.context import DistContext
+from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
+from tierec.distributed.exchange import Traffic
+from tierec.distributed.hot import HotReplica
+from tierec.distributed.mesh import Hierarchy, MeshShape
+from tierec.distributed.row_sync import RowAverager, RowGradientSync
+from tierec.distributed.sharded import ShardedEmbeddingCollection
+from tierec.embedding.collection import EmbeddingCollection
+
+
+@dataclass
+class Hierarchical:
+    ctx: DistContext  # the job
+    hier: Hierarchy
+    cfg: DistConfig
+    traffic: Traffic = field(default_factory=Traffic)  # the dense part's bytes, inside and across groups
+    averagers: list[RowAverager] = field(default_factory=list)
+    dense: DenseAverager | None = None
+    collections: list[ShardedEmbeddingCollection] = field(default_factory=list)
+    steps: int = 0
+    synced_at: int = 0  # the step of the last average
+
+    @staticmethod
+    def shape(ctx: DistContext, cfg: DistConfig) -> MeshShape:
+        return MeshShape.resolve(cfg.group_size, world=ctx.world_size, local_world=ctx.local_world_size)
+
+    @staticmethod
+    def build(ctx: DistContext, cfg: DistConfig) -> Hierarchical | None:
+        """The mesh of a job with more than one group (a collective); None for a flat job."""
+        if not ctx.is_distributed or Hierarchical.shape(ctx, cfg).is_flat:
+            return None
+        if cfg.cross_group == "average" and cfg.hot_rows:
+            raise ConfigError("dist.hot_rows with dist.cross_group = average is not supported: "
+                              "set dist.hot_rows = 0 or dist.cross_group = gradients")
+        return Hierarchical(ctx=ctx, hier=Hierarchy.build(ctx, cfg.group_size), cfg=cfg)
+
+    @property
+    def gradients(self) -> bool:
+        return self.cfg.cross_group == "gradients"
+
+    @property
+    def group_ctx(self) -> DistContext:
+        return self.hier.group_context(self.ctx)
+
+    # ------------------------------------------------------------ building
+
+    def shard_collection(self, local: EmbeddingCollection) -> ShardedEmbeddingCollection:
+        coll = ShardedEmbeddingCollection(local, self.group_ctx, self.cfg)
+        c = codec(self.cfg.compress)
+        for shard in coll.shards:
+            if self.gradients:
+                shard.grad_divisor = self.ctx.world_size
+                shard.cross = _GradientStep(RowGradientSync(shard.owner, c, self.hier.replica_group, coll.traffic))
+                # the same hot set in every group: elected from the job's counts, summed over the job;
+                # ownership (rank) stays the shard's within its group
+                job_view = replace(self.group_ctx, world_size=self.ctx.world_size, sparse_group=self.ctx.sparse_group)
+                shard.hot = HotReplica(shard.owner, job_view, self.cfg, coll.traffic)
+            else:
+                averager = RowAverager(shard.owner, c, self.hier.replica_group, coll.traffic)
+                shard.cross = _AverageStep(averager)
+                self.averagers.append(averager)
+        self.collections.append(coll)
+        return coll
+
+    def wrap_dense(self, model: nn.Module) -> DistributedDataParallel:
+        c = codec(self.cfg.compress)
+        if self.gradients:
+            ddp = DistributedDataParallel(model, process_group=self.ctx.dense_group, forward_sync_buffers=False)
+            ddp.register_comm_hook(HookState(hier=self.hier, codec=c, traffic=self.traffic), hierarchical_hook)
+            return ddp
+        ddp = DistributedDataParallel(model, process_group=self.hier.shard_group, forward_sync_buffers=False)
+        self.dense = DenseAverager(list(model.parameters()), c, self.hier.replica_group, self.traffic)
+        return ddp
+
+    # ------------------------------------------------------------ the loop
+
+    def after_step(self) -> None:
+        """After the optimizer step, on every rank: ``average`` syncs every ``sync_every`` steps."""
+        self.steps += 1
+        self.traffic.steps += 1
+        if not self.gradients and self.steps % self.cfg.sync_every == 0:
+            self.sync_now()
+
+    def sync_now(self) -> None:
+        """``average``: bring the replicas together now (before an evaluation or a checkpoint)."""
+        if self.gradients or self.synced_at == self.steps:
+            return
+        for a in self.averagers:
+            a.sync()
+        if self.dense is not None:
+            self.dense.sync()
+        self.synced_at = self.steps
+
+    def bytes_per_step(self) -> dict[str, float]:
+        """Bytes per step this rank sent inside its group and across groups (embeddings and dense part)."""
+        inside = across = 0.0
+        for t in [self.traffic, *(c.traffic for c in self.collections)]:
+            n = max(t.steps, 1)
+            for kind, b in t.bytes_sent.items():
+                if kind.startswith("cross/"):
+                    across += b / n
+                else:
+                    inside += b / n
+        return {"bytes_inside": inside, "bytes_across": across}
+
+
+class _GradientStep:
+    def __init__(self, sync: RowGradientSync) -> None:
+        self.sync = sync
+
+    def __call__(self, rows, grad):
+        return self.sync.reduce(rows, grad)
+
+
+class _AverageStep:
+    def __init__(self, averager: RowAverager) -> None:
+        self.averager = averager
+
+    def __call__(self, rows, grad):
+        self.averager.touch(rows)
+        return rows, grad

@@ -131,19 +131,3 @@ def test_a_bad_combination_is_one_line_naming_the_keys() -> None:
     with pytest.raises(ConfigError, match=r"dist\.hot_rows .*prune\.enabled"):
         check_job(cfg, DistContext.single())
     check_job(load_config(None, PRUNED + TIERED), DistContext.single())  # the combination the docs describe
-
-
-def test_tiered_with_prefetch_and_hot_rows_on_2_matches_one_process(tmp_path: Path) -> None:
-    over = [
-        "data.synthetic.train_rows=2048", "data.synthetic.test_rows=1024", "data.synthetic.cardinality_scale=0.002",
-        "train.batch_size=128", "train.progress=false", "embedding.dim=8", "model.name=deepfm",
-        "store.enabled=true", "store.cache_size=40KiB", "store.host_size=0", "store.interval=5", "store.prefetch=true",
-        "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01",
-    ]  # fmt: skip
-    for d in ("d1", "d2"):
-        (tmp_path / d).mkdir()
-    Trainer(load_config(None, over + [f"store.disk_path={tmp_path / 'd1'}"]), tmp_path / "one").fit()
-    spawn(train_worker, 2, (over + [f"store.disk_path={tmp_path / 'd2'}"], str(tmp_path / "two"), False))
-    compare_runs(tmp_path / "one", tmp_path / "two")
-    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
-    assert summary["store"]["pipeline"]["prefetched_rows"] > 0 and summary["store"]["rows_disk"] > 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two emulated machines on one: a real 2-node torchrun over a rate-limited link.
 #
-#   benchmarks/netns_torchrun.sh RATE NPROC_PER_NODE TAG -- tierec-args...
+#   benchmarks/netns_torchrun.sh RATE NPROC_PER_NODE TAG -- tierec-args...   (NETNS_MODULE: another -m module)
 #   e.g. benchmarks/netns_torchrun.sh 100mbit 2 t1 -- train --run-dir /tmp/r --set train.max_steps=20
 #
 # Makes network namespaces tierec-TAG-0 and tierec-TAG-1 joined by a veth pair
@@ -54,7 +54,7 @@ done
 for i in 0 1; do
     ip netns exec "${NS[$i]}" env GLOO_SOCKET_IFNAME="${DEV[$i]}" TP_SOCKET_IFNAME="${DEV[$i]}" \
         "$PYTHON" -m torch.distributed.run --nnodes 2 --node_rank "$i" --nproc_per_node "$NPROC" \
-        --master_addr "${ADDR[0]}" --master_port "$PORT" -m tierec "$@" &
+        --master_addr "${ADDR[0]}" --master_port "$PORT" -m "${NETNS_MODULE:-tierec}" "$@" &
     PIDS+=($!)
 done
 status=0

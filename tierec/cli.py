@@ -15,6 +15,7 @@ distributed job with exit status 3.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -63,6 +64,7 @@ def _human_bytes(n: float) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from tierec.train.rundir import check_run_dir, claim_run_dir, resume_config
+    from tierec.train.stopping import GracefulStop
     from tierec.train.trainer import Trainer
 
     if args.nproc < 1:
@@ -73,15 +75,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = (resume_config(run_dir, args.config, _overrides(args)) if args.resume else None) or _config(args)
     if not args.progress:
         cfg.train.progress = False
-    check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
+    if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
+        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
     preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.distributed.launch import run_train
 
         return run_train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, argv=args.argv,
                          report=_print_summary)  # fmt: skip
-    with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite):
-        _print_summary(Trainer(cfg, run_dir, resume=args.resume).fit())
+    with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite), GracefulStop() as stop:
+        trainer = Trainer(cfg, run_dir, resume=args.resume)
+        trainer.stop = stop
+        _print_summary(trainer.fit())
     return 0
 
 
@@ -250,10 +255,22 @@ def apply_omp_wait_policy(environ) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and code != 0:
+        # Run as a program and failing: leave now. Interpreter teardown with library threads (Arrow, numba,
+        # gloo) still alive could abort ("terminate called without an active exception", status 134).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
+    from tierec.train.stopping import Interrupted, TrainingDiverged
 
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -264,12 +281,35 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "passthrough", False):
             return args.func(args, rest)
         return args.func(args)
-    except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError) as e:
+    except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
+            TrainingDiverged) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"tierec: {e}", file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("tierec: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only disk full and out of memory are turned into one line
+        message = resource_error(e)
+        if message is None:
+            raise
+        print(f"tierec: error: {message}", file=sys.stderr)
+        return 2
+
+
+def resource_error(e: BaseException) -> str | None:
+    """One line for running out of disk or memory (any layer's exception); None for anything else."""
+    text = str(e)
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left" in text or "code: 28" in text:
+        where = getattr(e, "filename", None) or "a file"
+        return (f"disk full while writing {where} ({text.splitlines()[0][:160] if text else 'ENOSPC'}); "
+                "free space there, then continue with --resume (the last complete checkpoint is intact)")
+    if isinstance(e, MemoryError) or "can't allocate memory" in text or "not enough memory" in text:
+        return (f"out of memory ({text.splitlines()[0][:160] if text else 'MemoryError'}); "
+                "lower train.batch_size or the model size")
+    return None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import tomllib
 import types
 import typing
@@ -20,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from tierec.errors import ConfigError  # re-exported: tierec.config.ConfigError
+
+
+def _positive_rate(value: float, key: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key} must be positive and finite, got {value}")
 
 
 class StrEnum(str, enum.Enum):
@@ -144,6 +150,8 @@ class DataConfig:
             raise ConfigError("data.test_fraction must be in [0, 1)")
         if self.test_rows < 0:
             raise ConfigError("data.test_rows must be >= 0")
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"data.prefetch_batches must be >= 1, got {self.prefetch_batches}")
 
 
 # ------------------------------------------------------------------------ embedding
@@ -161,8 +169,11 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         self.kind = OptimizerKind.parse(self.kind)
-        if self.lr <= 0:
-            raise ConfigError(f"embedding.optimizer.lr must be positive, got {self.lr}")
+        _positive_rate(self.lr, "embedding.optimizer.lr")
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ConfigError(f"embedding.optimizer.eps must be a finite number >= 0, got {self.eps}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"embedding.optimizer.weight_decay must be a finite number >= 0, got {self.weight_decay}")
 
 
 @dataclass(kw_only=True)
@@ -236,6 +247,9 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True
     device: str = "cpu"
+    # A NaN or infinite training loss: "stop" ends the run with an error (its last checkpoint
+    # stays, so it can be resumed, e.g. with a lower rate); "continue" trains on.
+    nan_policy: str = "stop"
     # The dense model's arithmetic (tierec/train/precision.py): auto = bf16 autocast where the
     # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
     precision: str = "auto"  # auto | fp32 | bf16
@@ -244,6 +258,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
             raise ConfigError("train.batch_size must be positive")
+        if self.epochs <= 0:
+            raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
+        for key in ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        _positive_rate(self.dense_lr, "train.dense_lr")
+        if self.nan_policy not in {"stop", "continue"}:
+            raise ConfigError(f"train.nan_policy {self.nan_policy!r} is not one of stop, continue")
         if self.precision not in {"auto", "fp32", "bf16"}:
             raise ConfigError(f"train.precision {self.precision!r} is not one of auto, fp32, bf16")
         if self.compile not in {"auto", "on", "off"}:
@@ -437,6 +459,13 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        if self.prune.enabled:
+            dims = [self.embedding.dim] + [t.dim for t in self.embedding.tables if t.dim]
+            for key in ("min_dim", "init_dim"):
+                if getattr(self.prune, key) > min(dims):
+                    raise ConfigError(f"prune.{key} = {getattr(self.prune, key)} is larger than the embedding dim {min(dims)}")
 
 
 # --------------------------------------------------------------------- loading

@@ -137,6 +137,7 @@ SMALL = [
     "train.batch_size=512",
     "train.progress=false",
     "embedding.dim=8",
+    "train.precision=fp32",
 ]
 
 

@@ -35,7 +35,7 @@ def test_round_trip_and_latest(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
     path = save_checkpoint(tmp_path, 7, small_state(1.0), {"epoch": 2, "config": {"a": [1, 2]}})
     assert path == tmp_path / "step_00000007"
-    assert sorted(os.listdir(path)) == ["meta.json", "tensors.safetensors"]
+    assert sorted(os.listdir(path)) == ["checksums.json", "meta.json", "tensors.safetensors"]
     assert (tmp_path / "latest").read_text().strip() == "step_00000007"
     for source in (tmp_path, path):
         tensors, meta = load_checkpoint(source)
@@ -142,6 +142,8 @@ def test_clear_errors(tmp_path: Path) -> None:
     (good / "tensors.safetensors").write_bytes(data[: len(data) // 2])
     one_line_error(good, "corrupt.*bytes")
     (good / "tensors.safetensors").write_bytes(b"\xff" * len(data))  # same size, garbage
+    one_line_error(good, "corrupt: tensors.safetensors does not match its checksum")
+    (good / "checksums.json").unlink()  # a checkpoint from before checksums: the reader still says it
     one_line_error(good, "corrupt: cannot read")
     (good / "tensors.safetensors").unlink()
     one_line_error(good, "tensors.safetensors is missing")

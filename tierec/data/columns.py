@@ -26,6 +26,7 @@ from tierec.data.blocks import RowBlock
 from tierec.data.errors import DataError
 from tierec.data.hashing import feature_hash_state, hex_id, missing_hash_id
 from tierec.data.schema import Schema
+from tierec.paths import quote
 
 _STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
 
@@ -51,6 +52,23 @@ def _valid(arr: pa.Array) -> np.ndarray:
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), np.bool_)
 
 
+def _flag_invalid_utf8(arr: pa.Array, err: np.ndarray, code: int) -> None:
+    """Mark rows whose binary value is not UTF-8 (one C++ check per column; per row only if that fails)."""
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        return
+    try:
+        arr.cast(pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string())
+        return
+    except pa.ArrowInvalid:
+        pass
+    for i, v in enumerate(arr.to_pylist()):
+        if v is not None and err[i] == 0:
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                err[i] = code
+
+
 class BlockParser:
     """Parses record batches of one schema. Error code k names column ``codes[k - 1]``."""
 
@@ -67,6 +85,9 @@ class BlockParser:
         s = self.schema
         n = batch.num_rows
         err = np.zeros(n, np.int32)
+        for k, name in enumerate(self.codes):
+            if name in batch.schema.names:  # binary text columns: bytes that are not UTF-8 make a bad row
+                _flag_invalid_utf8(self._column(batch, name), err, k + 1)
         labels = self._labels(self._column(batch, s.label), err) if s.labeled else np.zeros(n, np.float32)  # [n]
         dense = np.zeros((n, len(s.dense)), np.float32)  # [n, n_dense]
         for j, name in enumerate(s.dense):
@@ -85,17 +106,22 @@ class BlockParser:
         """A one-line description of why ``row`` got error ``code``."""
         name = self.codes[code - 1]
         value = self._column(batch, name)[row].as_py()
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"column {name}: invalid UTF-8 in {quote(value)}"
         if code == 1:
             if value in (None, ""):
                 return "label is empty"
             if self.schema.label_threshold:
-                return f"label {value!r} is not a number"
-            return f"label {value!r} is not 0 or 1 (set data.schema.label_threshold to turn values >= it into 1)"
+                return f"label {quote(value)} is not a number"
+            return f"label {quote(value)} is not 0 or 1 (set data.schema.label_threshold to turn values >= it into 1)"
         if code < 2 + len(self.schema.dense):
-            return f"column {name}: {value!r} is not a number"
+            return f"column {name}: {quote(value)} is not a number"
         if isinstance(value, int):
             return f"column {name}: {value} does not fit in 32 bits"
-        return f"column {name}: {value!r} is not a hex id of 1-8 digits"
+        return f"column {name}: {quote(value)} is not a hex id of 1-8 digits"
 
     @staticmethod
     def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
@@ -104,7 +130,15 @@ class BlockParser:
 
     def is_fatal(self, batch: pa.RecordBatch, row: int, code: int) -> bool:
         """A label value that is present but not usable stops the run (skipping it would hide a wrong schema)."""
-        return code == 1 and self._column(batch, self.schema.label)[row].as_py() not in (None, "")
+        if code != 1:
+            return False
+        value = self._column(batch, self.schema.label)[row].as_py()
+        if isinstance(value, bytes):  # text files hand over bytes; undecodable bytes are a damaged row, not a schema
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+        return value not in (None, "")
 
     def _labels(self, arr: pa.Array, err: np.ndarray) -> np.ndarray:
         out = np.zeros(len(arr), np.float32)
@@ -136,7 +170,9 @@ class BlockParser:
             vals = pc.cast(pc.fill_null(arr, 0), pa.float64()).to_numpy(zero_copy_only=False)  # [n]
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise DataError(f"dense column {self.codes[j + 1]!r} is not numeric: {e}") from None
-        vals = np.where(np.isfinite(vals), vals, 0.0)
+        finite = np.isfinite(vals)  # nulls were filled with 0; inf and NaN are rejected, as in text files
+        err[(err == 0) & ~finite] = code
+        vals = np.where(finite, vals, 0.0)
         out[:, j] = np.log1p(np.maximum(vals, 0.0)) if log1p else vals
 
     def _ids(self, arr: pa.Array, f: int, err: np.ndarray, code: int) -> np.ndarray:

@@ -68,6 +68,7 @@ class ParquetFile:
         absent = [c for c in schema.needed if c not in names]
         if absent:
             raise DataError(f"{display}: schema names column(s) {absent} that the file does not have; it has {names}")
+        _check_types(meta.schema_arrow, schema, display)
         rows = tuple(meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups))
         if sum(rows) == 0:
             raise DataError(f"{display}: file has no rows")
@@ -108,3 +109,35 @@ class ParquetFile:
                 yield block.select(err == 0) if len(bad_rows) else block
         finally:
             meta.close()
+
+
+def _scalar_kind(t: pa.DataType) -> str:
+    """"number", "text", "other" for a column type (dictionaries by their values)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "text"
+    if pa.types.is_temporal(t):
+        return "time"
+    return "other"
+
+
+def _check_types(arrow: pa.Schema, schema: Schema, display: str) -> None:
+    """A one-line error naming the first column whose Parquet type tierec cannot read in its role."""
+    multi = set(schema.multi_valued)
+    roles = [(schema.label, "label")] if schema.labeled else []
+    roles += [(c, "dense") for c in schema.dense] + [(c, "categorical") for c in schema.categorical]
+    for name, role in roles:
+        t = arrow.field(name).type
+        listy = pa.types.is_list(t) or pa.types.is_large_list(t)
+        if role == "categorical" and name in multi and listy:
+            ok = _scalar_kind(t.value_type) in {"number", "text"}
+        elif role == "categorical":
+            ok = _scalar_kind(t) in {"number", "text", "time"}
+        else:
+            ok = _scalar_kind(t) in {"number", "text"}
+        if not ok:
+            hint = "; name it in data.schema.multi_valued" if listy and role == "categorical" else ""
+            raise DataError(f"{display}: column {name} has type {t}, which tierec cannot read as a {role} column{hint}")

@@ -20,10 +20,13 @@ may not contain newlines), so problems are reported by 1-based file line.
 from __future__ import annotations
 
 import io
+import re
+import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +37,7 @@ from tierec.data.columns import BlockParser
 from tierec.data.errors import DataError, ProblemReport, strict_error
 from tierec.data.loader import prefetch
 from tierec.data.schema import Schema
+from tierec.paths import quote
 
 _SCAN_CHUNK = 1 << 26  # bytes per newline-counting step
 BLOCK_BYTES = 1 << 20  # pyarrow CSV block; 1 MiB streams fastest single-threaded
@@ -99,6 +103,7 @@ class TextFile:
         index = LineIndex.scan(p)
         if index.size == 0:
             raise DataError(f"{display}: file is empty")
+        _refuse_binary(p, display)
         if schema.header:
             with p.open("rb") as fh:
                 names = _header_names(fh.readline(), schema, display)
@@ -120,7 +125,27 @@ class TextFile:
         return TextFile(p, display, schema, tuple(names), index)
 
     def blocks(self, first: int, stop: int, report: ProblemReport, strict: bool, block_bytes: int = BLOCK_BYTES) -> Iterator[RowBlock]:
-        """Well-formed rows of data lines ``first..stop-1`` (0-based, header excluded)."""
+        """Well-formed rows of data lines ``first..stop-1`` (0-based, header excluded).
+
+        pyarrow stops at a row it cannot even decode (bad UTF-8 with the wrong
+        field count); such a row is counted like any malformed row, and reading
+        goes on after it.
+        """
+        head = 1 if self.schema.header else 0
+        _quiet_undecodable_rows()
+        while first < stop:
+            try:
+                yield from self._segment(first, stop, report, strict, block_bytes)
+                return
+            except _UndecodableRow as u:
+                resume = u.resume_line - head - 1  # 0-based data lines
+                bad = min(max(u.line - head - 1, resume), stop - 1)  # (after rows joined by a quote, only roughly)
+                yield from self.blocks(resume, bad, report, strict, block_bytes)  # its block's rows before it
+                _report([(u.line, f"not valid UTF-8 text, and not {len(self.names)} fields")], report, strict, self.display,
+                        BlockParser(self.schema), None)  # fmt: skip
+                first = bad + 1
+
+    def _segment(self, first: int, stop: int, report: ProblemReport, strict: bool, block_bytes: int) -> Iterator[RowBlock]:
         if stop <= first:
             return
         head = 1 if self.schema.header else 0
@@ -150,7 +175,7 @@ class TextFile:
                     ),
                     convert_options=pacsv.ConvertOptions(
                         include_columns=list(s.needed),
-                        column_types={c: pa.string() for c in s.needed},
+                        column_types={c: pa.binary() for c in s.needed},  # bytes: a non-UTF-8 value costs its row only
                         strings_can_be_null=False,
                         quoted_strings_can_be_null=False,
                     ),
@@ -170,14 +195,77 @@ class TextFile:
                 block = block.with_rows(lines - (head + 1))  # 0-based data rows
                 yield block.select(err == 0) if len(bad_rows) else block
         except pa.ArrowInvalid as e:
-            raise DataError(f"{self.display}: {str(e).splitlines()[0]}") from None
+            m = _STOPPED_AT.search(str(e))
+            if m:
+                raise _UndecodableRow(first + head + int(m.group(1)), tracker.next_line, str(e)[:200]) from None
+            raise DataError(f"{self.display}: {quote(str(e).splitlines()[0], 160)}") from None
         finally:
             batches.close()
-        _report(list(tracker.invalid), report, strict, self.display, parser, None)  # rejected lines after the last row
+        trailing = list(tracker.invalid)
+        _report(trailing, report, strict, self.display, parser, None)  # rejected lines after the last row
+        joined = (stop + head + 1) - tracker.next_line - len(trailing)  # lines pyarrow read as part of other rows
+        if joined > 0:
+            message = f"{joined} line(s) joined into other rows (an unbalanced quote?); they were not read"
+            if strict:
+                raise strict_error(self.display, "line", tracker.next_line, message)
+            report.add(tracker.next_line, message)
+            report.count_more(joined - 1)
+
+
+_MAGIC = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed", b"\xfd7zXZ\x00": "xz-compressed",
+          b"\x28\xb5\x2f\xfd": "zstd-compressed", b"PK\x03\x04": "a zip archive", b"PAR1": "a Parquet file"}
+
+
+def _refuse_binary(p: Path, display: str) -> None:
+    """A one-line error for a file that is not text at all (compressed, an archive, random bytes)."""
+    with p.open("rb") as fh:
+        head = fh.read(1 << 16)
+    for magic, what in _MAGIC.items():
+        if head.startswith(magic):
+            raise DataError(f"{display}: is {what}, not delimited text; decompress or convert it first")
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        raise DataError(f"{display}: is not a text file (a NUL byte at offset {nul})")
+    undecodable = len(head) - len(head.decode("utf-8", errors="ignore").encode("utf-8"))
+    if undecodable > max(64, len(head) // 20):
+        raise DataError(f"{display}: is not a text file ({undecodable} of its first {len(head)} bytes are not UTF-8)")
+
+
+_STOPPED_AT = re.compile(r"^CSV parse error: Row #(\d+): Expected \d+ columns")
+
+
+def _drop_undecodable_row_noise(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    def hook_(unraisable: Any) -> None:
+        where = getattr(unraisable.object, "__qualname__", "")
+        if isinstance(unraisable.exc_value, UnicodeDecodeError) and where.startswith("TextFile._segment"):
+            return  # pyarrow could not decode a rejected row for our handler; the row is reported as malformed
+        hook(unraisable)
+
+    hook_.tierec_filter = True  # type: ignore[attr-defined]
+    return hook_
+
+
+def _quiet_undecodable_rows() -> None:
+    """Keep pyarrow's "Exception ignored" traceback for an undecodable row off the user's terminal."""
+    if not getattr(sys.unraisablehook, "tierec_filter", False):
+        sys.unraisablehook = _drop_undecodable_row_noise(sys.unraisablehook)
+
+
+class _UndecodableRow(Exception):
+    """pyarrow stopped at a row it could not decode (bad UTF-8 and the wrong field count)."""
+
+    def __init__(self, line: int, resume_line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line  # 1-based file line of the row
+        self.resume_line = resume_line  # 1-based file line of the first row not yet handed out
 
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
     line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first name
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{display}: the header line is not UTF-8 text: {quote(line)}") from None
     try:
         table = pacsv.read_csv(
             io.BytesIO(line),

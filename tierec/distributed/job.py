@@ -124,6 +124,14 @@ class Job:
             dist.all_reduce(total, group=self.ctx.dense_group)
         return float(total) / batch.size
 
+    def agree_max(self, value: int) -> int:
+        """The largest ``value`` over the job's processes (one tiny all-reduce; itself on one process)."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.dense_group)
+        return int(t)
+
     # ------------------------------------------------------------ reports
 
     def evaluate(self, evaluate_one: Callable[[Config, Any], dict[str, float]], parts: Any, accumulator: Callable) -> dict[str, float]:

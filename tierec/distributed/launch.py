@@ -29,6 +29,8 @@ import torch.distributed as dist
 
 from tierec.config import Config, ConfigError, DistConfig
 from tierec.distributed.context import DistContext
+from tierec.train.checkpoint import CheckpointError
+from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 
 # What every job imports, loaded once into the fork server. torch._dynamo is imported
 # lazily by the first torch.optim optimizer and costs seconds.
@@ -160,12 +162,15 @@ def run_train(
         check_same_config(cfg, ctx.rank, ctx.world_size, group=ctx.dense_group)
         shared = [str(run_dir)]
         dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
-        with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite):
-            summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume)
-    except ConfigError as e:  # the same on every rank: exit without tearing down the group (it can block)
-        print(f"tierec: error: {e}", file=sys.stderr, flush=True)
+        with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite), GracefulStop() as stop:
+            summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume, stop=stop)
+    except (ConfigError, CheckpointError, TrainingDiverged, Interrupted) as e:
+        # the same on every rank: exit without tearing down the group (it can block)
+        if ctx.is_main or not isinstance(e, Interrupted):
+            prefix = "tierec: " if isinstance(e, Interrupted) else "tierec: error: "
+            print(f"{prefix}{e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(2)
+        os._exit(e.status if isinstance(e, Interrupted) else 2)
     ctx.close()
     if ctx.is_main:
         report(summary)
@@ -207,7 +212,9 @@ def die_with_parent(sig: int) -> None:
 
 def _run_launcher(cmd: list[str]) -> int:
     """Run torchrun as a child that dies with us; pass SIGINT / SIGTERM on to it; its exit status."""
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    # Its own session: a terminal's Ctrl-C reaches only us, and we pass exactly one signal on (torchrun sends
+    # it to the ranks, which save a checkpoint); PDEATHSIG: if we are killed, torchrun is told to stop too.
+    proc = subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(signal.SIGTERM), start_new_session=True)
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -236,12 +243,13 @@ def _run_launcher(cmd: list[str]) -> int:
 LOST_RANK_STATUS = 3
 
 
-def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool) -> dict:
+def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool, stop: GracefulStop | None = None) -> dict:
     """Train as one rank of a running job; a lost peer ends this process with exit status 3."""
     from tierec.distributed.health import RankLostError
     from tierec.train.trainer import Trainer
 
     trainer = Trainer(cfg, run_dir, resume=resume, ctx=ctx)
+    trainer.stop = stop
     try:
         summary = trainer.fit()
     except RankLostError as e:

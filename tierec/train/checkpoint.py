@@ -68,6 +68,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from tierec.paths import quote
+from tierec.train.integrity import verify_checksums, write_checksums
+
 TENSORS_FILE = "tensors.safetensors"  # rank 0's non-row state (dense model, optimizer, RNG, embedding meta)
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
@@ -76,6 +79,7 @@ CHUNK_BYTES = 1 << 24  # bytes of row records per chunk file, about (the RAM a s
 STEP_DIR = re.compile(r"step_(\d{8,})")
 # Left by a crashed save and removed by the next one: only names tierec gives its own temporary entries.
 _DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)?")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what meta.json may list: files inside the checkpoint
 _OWN_FILES = ("meta.json", "manifest.json", "checksums.json")  # a step directory holding none is not ours
 _ROWS_FILE = re.compile(r"rows-(\d{5})-(\d{6})\.safetensors")
 
@@ -146,6 +150,7 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, An
         "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size,
     }
     write_durably(tmp / META_FILE, json.dumps(record, indent=1))
+    write_checksums(tmp)  # last: size and sha256 of every file, verified on load (tierec/train/integrity.py)
     fsync_dir(tmp)
     final = run_dir / checkpoint_name(step)
 
@@ -256,6 +261,9 @@ class Checkpoint:
 
     def __init__(self, path_or_run_dir: Path | str) -> None:
         ckpt = find_checkpoint(path_or_run_dir)
+        problem = verify_checksums(ckpt)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {ckpt} is corrupt: {problem}")
         try:
             record = json.loads((ckpt / META_FILE).read_text())
         except FileNotFoundError:
@@ -272,6 +280,9 @@ class Checkpoint:
         self.meta: dict[str, Any] = record
         self.world_size = int(info.get("world_size", 1))
         self.files: dict[str, int] = info.get("files", {TENSORS_FILE: info["tensors_bytes"]})
+        bad = [f for f in self.files if not (isinstance(f, str) and _PLAIN_NAME.fullmatch(f))]
+        if bad:
+            raise CheckpointError(f"{ckpt / META_FILE} names {quote(bad[0])}: only plain file names inside the checkpoint")
         self.row_files = sorted(f for f in self.files if _ROWS_FILE.fullmatch(f))
 
     def state(self, rank: int = 0) -> dict[str, Tensor]:
@@ -323,6 +334,19 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
     if str(device) != "cpu":
         tensors = {k: v.to(device) for k, v in tensors.items()}
     return tensors, ckpt.meta
+
+
+def checkpoint_dirs(run_dir: Path | str) -> list[Path]:
+    """A run's checkpoint directories, newest first (``latest``'s first), to try in turn on resume."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    steps = step_dirs(run_dir)[::-1]
+    try:
+        newest = latest_checkpoint(run_dir)
+    except CheckpointError:
+        newest = None
+    return ([newest] if newest is not None else []) + [p for p in steps if p != newest]
 
 
 def remove_checkpoints(run_dir: Path | str) -> None:

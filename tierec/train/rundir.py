@@ -130,6 +130,7 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
     if not run_dir.is_dir():
         return
+    _refuse_live_holder(run_dir)
     present = [f for f in OWN_FILES if (run_dir / f).exists()]
     if not present:
         return
@@ -201,6 +202,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _refuse_live_holder(run_dir: Path) -> None:
+    """Raise if another live process holds the lock (checked early, e.g. before ``--nproc`` starts torchrun)."""
+    path = run_dir / LOCK
+    try:
+        holder = json.loads(path.read_text())
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no lock, or a broken one: _acquire decides
+    me = _me()
+    if host != me["host"] or (pid != me["pid"] and _alive(pid)):
+        raise RunDirError(
+            f"--run-dir {run_dir} is in use by PID {pid} on {host} (since {holder.get('since', '?')}); "
+            f"wait for it to end, or remove {path} if that process is gone"
+        )
 
 
 def _acquire(run_dir: Path) -> Path:

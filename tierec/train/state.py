@@ -19,6 +19,7 @@ chunk file at a time, keeping the rows this process owns.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
@@ -29,12 +30,14 @@ from tierec.embedding.storage import combine_shards, is_count_entry
 from tierec.train.checkpoint import (
     CHUNK_BYTES,
     Checkpoint,
+    CheckpointError,
     capture_rng_state,
     flatten_state,
     restore_rng_state,
     unflatten_state,
 )
 from tierec.train.components import Components
+from tierec.train.integrity import validate_tensors
 
 
 def embedding_collections(parts: Components) -> list[tuple[str, Any]]:
@@ -62,8 +65,32 @@ def row_chunks(parts: Components, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tu
             yield f"{name}/{table}", records
 
 
+@contextmanager
+def _must_fit() -> Iterator[None]:
+    """A checkpoint of another model or config (shapes, keys) is a one-line CheckpointError, not a traceback."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"the checkpoint does not fit this model and config ({first[:200]})") from None
+
+
+def _valid(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    problem = validate_tensors(tensors)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint values are invalid: {problem}")
+    return tensors
+
+
 def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
     """Restore from one flat dict: ``snapshot_state`` output, or a whole checkpoint held in RAM (rows included)."""
+    with _must_fit():
+        _restore_flat(parts, _valid(tensors), skeleton)
+
+
+def _restore_flat(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
     _restore_dense(parts, tensors, skeleton)
     for name, coll in embedding_collections(parts):
         prefix = f"{name}/"
@@ -75,15 +102,22 @@ def restore_state(parts: Components, tensors: dict[str, Tensor], skeleton: Any) 
 
 
 def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world_size: int = 1) -> None:
+    """Restore from a checkpoint saved on any number of processes, one chunk file in RAM at a time
+    (values checked: finite floats, ids non-negative and unique within a chunk)."""
+    with _must_fit():
+        _restore_chunks(parts, ckpt, rank, world_size)
+
+
+def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_size: int = 1) -> None:
     """Restore from a checkpoint saved on any number of processes, one chunk file in RAM at a time.
 
     Rows are handed to each collection's ``load_rows``, which keeps the ones
     this process owns. The embeddings' counters are this rank's own when the
     world size is unchanged, else rank 0's.
     """
-    dense = ckpt.state(0)
+    dense = _valid(ckpt.state(0))
     if ckpt.format < 2:  # every tensor in one file
-        restore_state(parts, dense, ckpt.meta["state"])
+        _restore_flat(parts, dense, ckpt.meta["state"])
         return
     _restore_dense(parts, dense, ckpt.meta["state"])
     if ckpt.world_size == world_size:
@@ -97,7 +131,7 @@ def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world
     del dense, own
     for label, records in ckpt.rows():
         name, table = label.split("/", 1)
-        colls[name].load_rows(table, records)
+        colls[name].load_rows(table, _valid(records))
 
 
 def _job_counters(dense: dict[str, Tensor], others: list[dict[str, Tensor]], *, first: bool) -> dict[str, Tensor]:

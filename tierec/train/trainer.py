@@ -19,6 +19,7 @@ optimizer state, dense model and optimizer, RNG) is in the checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -33,16 +34,17 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import is_sharded, resolve_checkpoint
+from tierec.distributed.checkpoint import is_sharded
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
-from tierec.train.checkpoint import Checkpoint, save_checkpoint
+from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.evaluate import evaluate, planted_auc, require_defined
 from tierec.train.metrics import EvalAccumulator
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
+from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
 
 
@@ -81,6 +83,22 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
 
+def load_newest_intact(ckpt_dir: Path, restore: Callable[[Path], dict], echo: Callable[[str], None]) -> dict:
+    """Restore the newest checkpoint that loads whole; a corrupt newer one is reported and skipped. Returns its meta."""
+    failures: list[str] = []
+    for ckpt in checkpoint_dirs(ckpt_dir):
+        try:
+            meta = restore(ckpt)
+        except CheckpointError as e:
+            failures.append(str(e))
+            echo(f"{e}; trying an older checkpoint")
+            continue
+        if failures:
+            echo(f"resuming from {ckpt.name}, the newest intact checkpoint")
+        return meta
+    raise CheckpointError(f"no intact checkpoint in {ckpt_dir} ({len(failures)} tried; newest: {failures[0]})")
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print,
@@ -94,6 +112,7 @@ class Trainer:
         self.job = Job(cfg, ctx)
         self.is_main = self.job.is_main  # prints progress and writes run files (rank 0 of a job)
         self.echo = echo if self.is_main else quiet
+        self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
 
     # ------------------------------------------------------------------ fit
 
@@ -143,6 +162,7 @@ class Trainer:
                 for batch in self._batches(store.wrap(loader)):  # look-ahead after the prefetch thread: same order on every rank
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
+                    self._check_loss(last_loss, pos, ckpt_dir)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
                     if pruning:
                         parts.pruner.step()  # its cost counts in the throughput
@@ -162,6 +182,8 @@ class Trainer:
                         self._eval(parts, log, pos, bar)
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
                         self._save(parts, ckpt_dir, pos)
+                    if self._stop_requested():
+                        self._interrupt(parts, ckpt_dir, pos, bar, log)
                     if pos.step >= total:
                         done = True
                         break
@@ -200,6 +222,30 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------- pieces
+
+    def _stop_requested(self) -> int | None:
+        """The signal that asked the run to stop (all ranks agree in a job), or None."""
+        if self.stop is None:
+            return None
+        return self.job.agree_max(self.stop.requested or 0) or None
+
+    def _interrupt(self, parts: Components, ckpt_dir: Path, pos: Position, bar: tqdm, log: MetricsLog) -> None:
+        signum = self._stop_requested()
+        bar.close()
+        self._save(parts, ckpt_dir, pos)
+        log.write({"kind": "interrupted", "step": pos.step, "signal": signum})
+        raise Interrupted(signum, f"interrupted at step {pos.step}; checkpoint saved in {ckpt_dir}; "
+                                  f"continue with `tierec train --run-dir {self.run_dir} --resume`")
+
+    def _check_loss(self, loss: float, pos: Position, ckpt_dir: Path) -> None:
+        if math.isfinite(loss) or self.cfg.train.nan_policy != "stop":
+            return
+        kept = checkpoint_dirs(ckpt_dir)
+        where = f"it resumes from {kept[0].name}" if kept else "no checkpoint was written yet"
+        raise TrainingDiverged(
+            f"step {pos.step + 1}: the training loss is {loss}; stopped (train.nan_policy = \"stop\"); {where}; "
+            "a lower embedding.optimizer.lr or train.dense_lr usually helps"
+        )
 
     def _build(self, probe) -> Components:
         """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
@@ -257,18 +303,20 @@ class Trainer:
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
         self.job.save(ckpt_dir, pos.step, tensors, meta, row_chunks(parts), save_checkpoint)  # rows streamed in chunks
 
+    def _restore_from(self, parts: Components, ckpt: Path) -> dict:
+        """Restore a checkpoint of any world size; each process keeps the rows it owns."""
+        ctx = self.job.ctx
+        if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
+            return self.job.load_sharded(ckpt, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
+        loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
+        restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
+        return loaded.meta
+
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
-        ckpt = resolve_checkpoint(ckpt_dir)
-        if ckpt is None:
+        if not checkpoint_dirs(ckpt_dir):
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        ctx = self.job.ctx
-        if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard, keeps its rows
-            meta = self.job.load_sharded(ckpt, lambda t, skeleton: restore_state(parts, t, skeleton), lambda t: load_shard_rows(parts, t))
-        else:  # saved on any number of processes; rows read a chunk at a time, each rank keeps its own
-            loaded = Checkpoint(ckpt)
-            restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
-            meta = loaded.meta
+        meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
         self.job.steps_run = int(meta["position"]["step"])
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")

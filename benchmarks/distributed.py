@@ -151,10 +151,10 @@ def _finish(ctx, out_path: str, record: dict[str, Any]) -> None:
 
 
 def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
-    """Train tierec (single-process trainer at W=1, DistributedTrainer otherwise) and time the steps."""
+    """Train tierec (the one trainer, on W processes) and time the steps."""
     from tierec.config import load_config
     from tierec.data import open_source
-    from tierec.distributed.trainer import DistributedTrainer
+    from tierec.distributed.parallelize import sharded_collections
     from tierec.train.trainer import Trainer
 
     counter = WireCounter().install()
@@ -167,16 +167,16 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     source = open_source(cfg.data, "train", cfg.train.batch_size)
     batches = list(islice(iter(source), a["warmup"] + a["steps"] + 1))
     run = tempfile.mkdtemp()
-    trainer = DistributedTrainer(cfg, run, ctx) if ctx.is_distributed else Trainer(cfg, run)
+    trainer = Trainer(cfg, run, ctx=ctx)
     parts = trainer._build(source)
-    colls = trainer._collections(parts) if ctx.is_distributed else []
+    colls = sharded_collections(parts)
     times, cpu = [], []
     for i in range(a["warmup"] + a["steps"]):
         if i == a["warmup"]:
             for c in colls:
                 c.traffic.reset()
             counter.reset()
-        trainer._upcoming = batches[i + 1]
+        trainer.job._upcoming = batches[i + 1] if cfg.dist.overlap else None  # what job.batches() would look ahead to
         if ctx.is_distributed:
             dist.barrier(group=ctx.dense_group)  # each step timed from a common start
         t0, c0 = time.perf_counter(), time.process_time()

@@ -37,16 +37,16 @@ STAGES = ("inputs", "dedupe", "lookup", "pool_forward", "pool_backward", "optimi
 
 
 def _staged_step(coll, sp, grad, clock: dict[str, float]) -> None:
-    from tierec.embedding.collection import _group_inputs
+    from tierec.embedding.plan import group_inputs
     from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
 
     b = sp.batch_size
-    (plan,) = coll._plans
+    (plan,) = coll.plans
     group = plan.group
     t = time.process_time  # CPU time of the process: robust to other processes on a shared machine
 
     t0 = t()
-    values, offsets, lengths = _group_inputs(sp, plan.features)
+    values, offsets, lengths = group_inputs(sp, plan.features)
     keys = values.numpy()
     tabs = np.repeat(plan.feature_table, lengths)
     off = offsets.numpy()
@@ -74,7 +74,7 @@ def run_profile(w: Workload, repeats: int) -> dict:
     eng = TierecEngine(w, batches, grad)
     res: dict = {"workload": w.as_dict(), "repeats": repeats, "resident_rows": eng.resident_rows()}
     res["unique_per_batch"] = float(np.mean([b.unique_rows.numel() for b in batches]))
-    if len(eng.coll._plans) != 1:
+    if len(eng.coll.plans) != 1:
         return {**res, "error": "expected one table group"}
     staged: dict[str, list[float]] = defaultdict(list)
     whole: list[float] = []

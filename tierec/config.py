@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line to the user."""
+from tierec.errors import ConfigError  # re-exported: tierec.config.ConfigError
 
 
 def _positive_rate(value: float, key: str) -> None:
@@ -362,7 +360,7 @@ class StoreConfig:
     tables: list[StoreTableConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from tierec.store.sizes import parse_size  # lazy: keeps config free of the store's imports
+        from tierec.sizes import parse_size
 
         for where, value in [(f"store.{k}", getattr(self, k)) for k in ("memory_budget", "cache_size", "host_size")] + [
             (f"store.tables[{t.name}].{k}", getattr(t, k)) for t in self.tables for k in ("memory_budget", "cache_size", "host_size")

@@ -89,18 +89,43 @@ def collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, 
 
 
 def merge_shards(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[int, torch.Tensor]]:
-    """{table: {id: weights ++ optimizer state}} over every shard; an id in two shards is an error."""
+    """{table: {id: weights ++ optimizer state}} over every shard; an id in two shards is an error.
+
+    A pruned table's row is its dims, then its prefix of weights, of each per-dim state, and its per-row state.
+    """
     merged: dict[str, dict[int, torch.Tensor]] = {}
     for sd in states:
         tables = {k[: -len(".ids")] for k in sd if k.endswith(".ids")}
         for t in tables:
             rows = merged.setdefault(t, {})
-            extra = sorted(k for k in sd if k.startswith(t + ".opt."))
-            vals = torch.cat([sd[f"{t}.weights"]] + [sd[k].reshape(sd[k].shape[0], -1) for k in extra], dim=1)
-            for i, v in zip(sd[f"{t}.ids"].tolist(), vals):
+            for i, v in zip(sd[f"{t}.ids"].tolist(), _row_values(sd, t)):
                 assert i not in rows, f"id {i} of table {t} is in two shards"
                 rows[i] = v
     return merged
+
+
+def _row_values(sd: dict[str, torch.Tensor], t: str) -> list[torch.Tensor]:
+    extra = sorted(k for k in sd if k.startswith(t + ".opt."))
+    per_row = [sd[k].reshape(sd[k].shape[0], -1) for k in extra]
+    if f"{t}.weights" in sd:
+        return list(torch.cat([sd[f"{t}.weights"]] + per_row, dim=1))
+    dims = sd[f"{t}.dims"].to(torch.int64)
+    ends = torch.cumsum(dims, 0).tolist()
+    chunked = [sd[f"{t}.chunked.weights"]] + [sd[k] for k in sorted(k for k in sd if k.startswith(t + ".chunked.opt."))]
+    out = []
+    for r, (d, end) in enumerate(zip(dims.tolist(), ends)):
+        parts = [torch.tensor([float(d)])] + [c[end - d : end] for c in chunked] + [p[r] for p in per_row]
+        out.append(torch.cat(parts))
+    return out
+
+
+def compare_rows(ra: dict[int, torch.Tensor], rb: dict[int, torch.Tensor], atol: float, msg: str) -> None:
+    assert ra.keys() == rb.keys(), msg
+    ids = sorted(ra)
+    for i in ids:
+        assert ra[i].shape == rb[i].shape, f"{msg}: id {i} has {ra[i][:1].tolist()} vs {rb[i][:1].tolist()} (dims)"
+    if ids:
+        torch.testing.assert_close(torch.cat([rb[i] for i in ids]), torch.cat([ra[i] for i in ids]), rtol=1e-4, atol=atol, msg=msg)
 
 
 # ------------------------------------------------------------------ trainer
@@ -137,10 +162,7 @@ def compare_runs(a_dir: Path, b_dir: Path, *, atol: float = 2e-5) -> None:
         rb = merge_shards([{k[len(prefix) :]: v for k, v in b.items() if k.startswith(prefix)}])
         assert ra.keys() == rb.keys()
         for t in ra:
-            assert ra[t].keys() == rb[t].keys(), t
-            ids = sorted(ra[t])
-            torch.testing.assert_close(torch.stack([rb[t][i] for i in ids]), torch.stack([ra[t][i] for i in ids]),
-                                       rtol=1e-4, atol=atol, msg=f"{prefix}{t}")
+            compare_rows(ra[t], rb[t], atol, f"{prefix}{t}")
     dense = [k for k in a if k.startswith("model.")]
     assert dense and sorted(dense) == sorted(k for k in b if k.startswith("model."))
     for k in dense:
@@ -151,3 +173,6 @@ def compare_runs(a_dir: Path, b_dir: Path, *, atol: float = 2e-5) -> None:
     assert abs(sa["test_auc"] - sb["test_auc"]) < 1e-4
     assert abs(sa["test_logloss"] - sb["test_logloss"]) < 1e-4
     assert abs(sa["final_train_loss"] - sb["final_train_loss"]) < 1e-4
+    if "prune" in sa:  # the same chunks pruned and grown back, job-wide
+        for k in ("dim_hist", "pruned_chunks", "regrown_chunks", "evicted_rows", "target_bytes"):
+            assert sa["prune"][k] == sb["prune"][k], (k, sa["prune"][k], sb["prune"][k])

@@ -82,11 +82,12 @@ def test_fused_path_is_taken_only_where_it_applies() -> None:
         numba.set_num_threads(threads)
     assert not _collection(64, OptimizerKind.ADAM).groups[0].fused_reduce_update()
 
-    class Logged(TableGroup):  # an update that does more than the optimizer step keeps the two-pass path
-        def update(self, rows, grad):
-            super().update(rows, grad)
+    # a tiered group's update does more than the optimizer step (it skips the shared zero slot): two passes
+    from tierec.store.group import TieredGroup
+    from tierec.store.spec import TierSpec
 
-    assert not Logged([TableConfig(name="t", dim=64, features=["f"])]).fused_reduce_update()
+    tiered = TieredGroup([TableConfig(name="t", dim=64, features=["f"])], TierSpec(cache_bytes=1 << 16, host_bytes=None))
+    assert not tiered.fused_reduce_update()
 
 
 def test_backward_split_by_feature_equals_split_by_column() -> None:

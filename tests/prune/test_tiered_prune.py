@@ -19,6 +19,9 @@ from tierec.batch import SparseFeatures
 from tierec.config import ConfigError, OptimizerConfig, OptimizerKind, PruneConfig, load_config
 from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
+from tierec.prune.group import chunk_store_name
+from tierec.prune.tiered_pool import TieredChunkPool
+from tierec.prune.group import chunk_store_name
 from tierec.prune.tiered_pool import TieredChunkPool
 from tierec.store.spec import TierSpec
 from tierec.train.checkpoint import load_checkpoint
@@ -36,9 +39,12 @@ def _collection(kind: OptimizerKind, cfg: PruneConfig, spec: TierSpec | None) ->
     tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in FEATURES]
     if spec is None:
         return EmbeddingCollection(tables, FEATURES, group_factory=pruned_group_factory(cfg))
-    return EmbeddingCollection(
-        tables, FEATURES, group_factory=lambda ts, seed, device: PrunedGroup(ts, cfg, seed=seed, device=device, tier_spec=spec)
-    )
+
+    def make(ts, seed, device):
+        pool = TieredChunkPool(CHUNK, PrunedGroup.dim_state_of(opt, DIM), spec, kind, seed=seed, name=chunk_store_name(ts))
+        return PrunedGroup(ts, cfg, seed=seed, device=device, pool=pool)
+
+    return EmbeddingCollection(tables, FEATURES, group_factory=make)
 
 
 def _step(coll: EmbeddingCollection, ids: np.ndarray, s: int) -> None:

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
+from tierec.embedding.storage import combine_shards
 from tierec.paths import quote, safe_member
 from tierec.train.checkpoint import (
     STEP_DIR,
@@ -157,5 +158,6 @@ def load_any(path_or_run_dir: Path | str) -> tuple[dict[str, Tensor], dict[str, 
                 merged.setdefault(k, []).append(v)
             else:
                 merged.setdefault(k, [v])
-    tensors = {k: (torch.cat(v) if is_row_key(k) else v[0]) for k, v in merged.items()}
+    # a table's entries combine by kind (rows concatenate, counters add; tierec/embedding/storage.py)
+    tensors = {k: (combine_shards(k, v) if is_row_key(k) else v[0]) for k, v in merged.items()}
     return tensors, checkpoint_meta(ckpt)

@@ -48,6 +48,7 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Traffic
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper, HashIndex
+from tierec.embedding.storage import RowStorage
 
 
 class WindowCounter:
@@ -86,31 +87,11 @@ class WindowCounter:
         return out
 
 
-def _state_columns(group: TableGroup) -> list[tuple[str, int]]:
-    """(name, columns) of each optimizer state tensor, flattened per row."""
-    return [(name, int(np.prod(s.shape[1:], dtype=np.int64))) for name, s in group.state.items()]
-
-
-def _read_rows(group: TableGroup, rows: Tensor) -> Tensor:  # -> [n, D + S]: weights then state
-    parts = [group.weights.index_select(0, rows)]
-    parts += [s.index_select(0, rows).reshape(rows.shape[0], -1) for s in group.state.values()]
-    return torch.cat(parts, dim=1)
-
-
-def _write_rows(group: TableGroup, rows: Tensor, values: Tensor) -> None:  # values [n, D + S]
-    group.weights[rows] = values[:, : group.dim]
-    col = group.dim
-    for name, width in _state_columns(group):
-        s = group.state[name]
-        s[rows] = values[:, col : col + width].reshape(rows.shape[0], *s.shape[1:])
-        col += width
-
-
 class HotReplica:
     """The hot rows of one table group, replicated on every rank; rows numbered 0..H-1."""
 
-    def __init__(self, owner: TableGroup, ctx: DistContext, cfg: DistConfig, traffic: Traffic) -> None:
-        self.owner = owner  # this rank's shard of the group (the rows it owns)
+    def __init__(self, owner: RowStorage, ctx: DistContext, cfg: DistConfig, traffic: Traffic) -> None:
+        self.owner = owner  # this rank's shard of the group (the rows it owns): any storage of whole rows
         self.ctx = ctx
         self.cfg = cfg
         self.traffic = traffic
@@ -121,9 +102,11 @@ class HotReplica:
         self.counter = WindowCounter()
         self.moves = {"joined": 0, "left": 0}  # rows handed over so far, job-wide (the same on every rank)
 
-    def _empty(self) -> TableGroup:
+    def _empty(self) -> TableGroup:  # the replica: whole rows in memory, in the owner's record layout
         g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
         g.step = self.owner.step
+        if self.enabled and g.record_width != self.owner.record_width:
+            raise ValueError("hot-row replication needs a storage of whole rows (not pruned chunks)")
         return g
 
     @property
@@ -138,7 +121,7 @@ class HotReplica:
         """Replica row [U] of each unique (key, tab), -1 for cold ones."""
         if self.size == 0:
             return np.full(keys.shape[0], -1, dtype=np.int64)
-        return self.group.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        return self.group.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).numpy()
 
     # ------------------------------------------------------------- training
 
@@ -229,7 +212,7 @@ class HotReplica:
 
     def _handover(self, keys: np.ndarray, tabs: np.ndarray, owner_of) -> None:
         ctx, owner = self.ctx, self.owner
-        width = owner.dim + sum(w for _, w in _state_columns(owner))
+        width = owner.record_width
         old_rows = self.find(keys, tabs)  # [H'] row in the old replica, -1 = joining
         # 1. rows leaving the hot set go back to their owner, from the (identical) replica
         if self.size:
@@ -239,9 +222,7 @@ class HotReplica:
             self.moves["left"] += int(leaving.size)
             mine = leaving[owner_of(self.keys[leaving], self.tabs[leaving]) == ctx.rank]
             if mine.size:
-                src = torch.from_numpy(mine)
-                dst = owner.lookup(self.keys[mine], self.tabs[mine], insert=True).to(owner.device)
-                _write_rows(owner, dst, _read_rows(self.group, src))
+                self._write_back(self.keys[mine], self.tabs[mine])
         # 2. rows joining it take their owner's weights and state: each owner sends its
         #    joining rows (in hot-set order) to everyone; every rank knows who owns what.
         joining = np.flatnonzero(old_rows < 0)
@@ -249,13 +230,14 @@ class HotReplica:
         buf = self._gather_from_owners(keys[joining], tabs[joining], owner_of, width)  # [J, D + S + 1]
         # 3. the new replica: rows 0..H'-1 in hot-set order (new rows start from the deterministic init)
         group = self._empty()
-        new_rows = group.lookup(keys, tabs, insert=True)  # == arange(H')
+        group.lookup(keys, tabs, insert=True)  # rows 0..H'-1
         staying = np.flatnonzero(old_rows >= 0)
         if staying.size:
-            _write_rows(group, new_rows[staying], _read_rows(self.group, torch.from_numpy(old_rows[staying])))
-        present = torch.nonzero(buf[:, width] > 0).squeeze(1)  # the owner had the row
-        if present.numel():
-            _write_rows(group, new_rows[torch.from_numpy(joining)[present]], buf[present, :width])
+            group.put_records(keys[staying], tabs[staying], self.group.records_of(keys[staying], tabs[staying])[1])
+        present = np.flatnonzero(buf[:, width].numpy() > 0)  # the owner had the row
+        if present.size:
+            j = joining[present]
+            group.put_records(keys[j], tabs[j], buf[torch.from_numpy(present), :width].numpy())
         self.group, self.keys, self.tabs = group, keys.copy(), tabs.astype(np.int32)
 
     def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of, width: int) -> Tensor:
@@ -266,10 +248,10 @@ class HotReplica:
         m = int(per_rank.max()) if keys.size else 0
         mine = np.flatnonzero(who == ctx.rank)
         send = torch.zeros(m, width + 1)
-        rows = owner.lookup(keys[mine], tabs[mine], insert=False).numpy()
-        have = np.flatnonzero(rows >= 0)
+        found, records = owner.records_of(keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
+        have = np.flatnonzero(found)
         if have.size:
-            send[torch.from_numpy(have), :width] = _read_rows(owner, torch.from_numpy(rows[have]).to(owner.device)).cpu()
+            send[torch.from_numpy(have), :width] = torch.from_numpy(records[have])
             send[torch.from_numpy(have), width] = 1.0
         if not ctx.is_distributed or m == 0:
             every = send.unsqueeze(0)  # [1, m, width + 1]
@@ -291,8 +273,11 @@ class HotReplica:
             return
         mine = np.flatnonzero(owner_of(self.keys, self.tabs) == self.ctx.rank)
         if mine.size:
-            dst = self.owner.lookup(self.keys[mine], self.tabs[mine], insert=True).to(self.owner.device)
-            _write_rows(self.owner, dst, _read_rows(self.group, torch.from_numpy(mine)))
+            self._write_back(self.keys[mine], self.tabs[mine])
+
+    def _write_back(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """The replica's records of (keys, tabs) into the owner's storage, wherever it keeps them."""
+        self.owner.put_records(keys, tabs, self.group.records_of(keys, tabs)[1])
 
     def clear(self) -> None:
         """Forget the hot set (after loading a checkpoint, whose rows are all with their owners)."""

@@ -34,7 +34,7 @@ from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 
 # What every job imports, loaded once into the fork server. torch._dynamo is imported
 # lazily by the first torch.optim optimizer and costs seconds.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "tierec.distributed.trainer"]
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "tierec.train.trainer"]
 
 
 def strip_nproc(argv: list[str]) -> list[str]:
@@ -246,9 +246,9 @@ LOST_RANK_STATUS = 3
 def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool, stop: GracefulStop | None = None) -> dict:
     """Train as one rank of a running job; a lost peer ends this process with exit status 3."""
     from tierec.distributed.health import RankLostError
-    from tierec.distributed.trainer import DistributedTrainer
+    from tierec.train.trainer import Trainer
 
-    trainer = DistributedTrainer(cfg, run_dir, ctx, resume=resume)
+    trainer = Trainer(cfg, run_dir, resume=resume, ctx=ctx)
     trainer.stop = stop
     try:
         summary = trainer.fit()

@@ -51,8 +51,9 @@ from tierec.config import DistConfig
 from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Exchange, Traffic, all_to_all, off_rank_bytes, owner_of
 from tierec.distributed.hot import HotReplica
-from tierec.embedding.collection import EmbeddingCollection, _group_inputs, _GroupPlan, _select
-from tierec.embedding.group import TableGroup
+from tierec.embedding.collection import EmbeddingCollection
+from tierec.embedding.plan import GroupPlan, group_inputs, select_features
+from tierec.embedding.storage import RowStorage
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
@@ -91,9 +92,9 @@ class _Served:
 class _GroupShard:
     """The sharded exchange of one table group: owner shard, hot replica, traffic counters."""
 
-    def __init__(self, plan: _GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
+    def __init__(self, plan: GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
         self.plan = plan
-        self.owner: TableGroup = plan.group
+        self.owner: RowStorage = plan.group
         self.n_tables = len(self.owner.tables)
         self.ctx = ctx
         self.cfg = cfg
@@ -159,10 +160,7 @@ class _GroupShard:
         recv_tabs = np.repeat(np.tile(np.arange(t, dtype=np.int32), w), recv_counts.reshape(-1))  # [M]
         okeys, otabs, oinv = self._dedupe(recv_keys, recv_tabs)
         orows = self.owner.lookup(okeys, otabs, insert=train)  # [U_o]
-        known = orows >= 0
-        vals = self.owner.weights.index_select(0, orows.clamp(min=0).to(self.owner.device)).cpu()  # [U_o, D]
-        if not bool(known.all()):
-            vals[~known] = 0.0  # unknown ids at evaluation read as zeros, as in the single process
+        vals = self.owner.gather(orows.numpy()).cpu()  # [U_o, D]; unknown ids at evaluation read as zeros
         oinv_t = torch.from_numpy(oinv)
         recv_splits = recv_counts.sum(1).tolist()
         t0 = time.perf_counter()
@@ -171,24 +169,31 @@ class _GroupShard:
         emb = torch.empty(req.keys.shape[0], d)  # [U, D]
         emb[torch.from_numpy(req.cold_pos)] = rows
         if req.hot_pos.size:
-            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.weights.index_select(0, torch.from_numpy(req.hot_rows)).cpu()
+            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.gather(req.hot_rows).cpu()
         if train:
             self.hot.count(req.keys, req.tabs)
         return _Served(req, recv_splits, orows, oinv_t), emb
 
     # ------------------------------------------------ 5. gradients to owners
 
-    def backward(self, served: _Served, grad: Tensor) -> None:  # grad [U, D], already divided by W
+    def backward(self, served: _Served, grad: Tensor, accesses: np.ndarray) -> None:
+        """grad [U, D] already divided by W; accesses [U]: the batch's ids each unique row served."""
         req, d = served.request, self.owner.dim
         t0 = time.perf_counter()
         cold = grad.index_select(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
-        recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, D]
-        self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
-        summed = torch.zeros(served.owner_rows.shape[0], d).index_add_(0, served.owner_inverse, recv)  # [U_o, D]
-        rows = served.owner_rows
+        counted = self.owner.counts_accesses  # the storage wants each row's accesses too: one more column
+        if counted:
+            cold = torch.cat([cold, torch.from_numpy(accesses[req.cold_pos]).unsqueeze(1)], 1)  # [U_c, D + 1]
+        width = cold.shape[1]
+        recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, width]
+        self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, width * 4), time.perf_counter() - t0)
+        summed = torch.zeros(served.owner_rows.shape[0], width).index_add_(0, served.owner_inverse, recv)  # [U_o, width]
+        acc = summed[:, d].numpy().copy() if counted else None
+        rows, summed = served.owner_rows, summed[:, :d].contiguous()  # [U_o, D]
         if self.cross is not None:
             rows, summed = self.cross(rows, summed)
-        self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device))
+            acc = None  # cross-group sync (issue 14) is not combined with storages that count accesses
+        self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device), accesses=acc)
         self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1
         if self.counts_steps:  # one step per collection, not per group
@@ -217,7 +222,7 @@ class _ShardedPool(torch.autograd.Function):
                           backward_chunks(dim), grad.numpy())
         if shard.grad_divisor > 1:
             grad.mul_(1.0 / shard.grad_divisor)
-        shard.backward(served, grad)
+        shard.backward(served, grad, np.bincount(layout.inverse, minlength=u).astype(np.float32))
         return None, None, None, None, None
 
 
@@ -252,7 +257,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.feature_names = local.feature_names
         self.tables = local.tables
         self.traffic = Traffic()
-        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local._plans)]
+        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local.plans)]
         self._pending: deque[_Pending] = deque()
         self._anchor = torch.zeros((), requires_grad=True)
 
@@ -264,7 +269,7 @@ class ShardedEmbeddingCollection(nn.Module):
         return cls(EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device), ctx, cfg)
 
     @property
-    def groups(self) -> list[TableGroup]:
+    def groups(self) -> list[RowStorage]:
         return self.local.groups
 
     @property
@@ -276,7 +281,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _group_keys(self, shard: _GroupShard, sparse: SparseFeatures):
         if sparse.batch_size == 0:  # this rank's slice of a global batch smaller than the job
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32)
-        values, offsets, lengths = _group_inputs(sparse, shard.plan.features)
+        values, offsets, lengths = group_inputs(sparse, shard.plan.features)
         tabs = np.repeat(shard.plan.feature_table, lengths)
         return values.numpy(), offsets.numpy(), tabs
 
@@ -288,7 +293,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if not (self.cfg.overlap and self.ctx.is_distributed):
             return
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
+            sparse = select_features(sparse, self.feature_names)
         reqs = []
         for shard in self.shards:
             keys, _, tabs = self._group_keys(shard, sparse)
@@ -340,7 +345,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _forward_groups(self, sparse: SparseFeatures) -> list[Tensor]:
         prefetched = self._take_pending(sparse)
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
+            sparse = select_features(sparse, self.feature_names)
         train = self.training and torch.is_grad_enabled()
         b = sparse.batch_size
         outs = []

@@ -20,8 +20,6 @@ torch.Size([2, 2, 4])
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from typing import Callable, Iterator
 
 import numba
@@ -30,21 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
-from tierec.config import Pooling
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
+from tierec.embedding.plan import GroupPlan, group_inputs, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
 from tierec.embedding.table import TableConfig
-
-
-@dataclass(frozen=True)
-class _GroupPlan:
-    group: TableGroup
-    features: tuple[int, ...]  # positions of this group's features in the batch's keys
-    feature_table: np.ndarray  # [len(features)] int32, table index (within the group) per feature
-    mean: np.ndarray  # [len(features)] bool, mean pooling per feature
-    features_own_rows: bool  # one table per feature: no row is shared by two features
 
 
 class EmbeddingCollection(nn.Module):
@@ -76,28 +65,12 @@ class EmbeddingCollection(nn.Module):
             by_key.setdefault(t.group_key(), []).append(t)
         make = group_factory or (lambda ts, sd, dev: TableGroup(ts, seed=sd, device=dev))
         self.groups = [make(ts, seed, device) for ts in by_key.values()]
-        self._plans = [self._plan(g) for g in self.groups]
+        self.plans = [GroupPlan.of(g, self.feature_names) for g in self.groups]
         self._dedupe = Deduper()
         # Autograd needs a tensor that requires grad to call _Gather.backward.
         self._anchor = torch.zeros((), requires_grad=True)
         # numba gather+pool kernels on CPU; False forces the torch path (what GPUs run).
         self.use_fused_kernels = True
-
-    def _plan(self, group: TableGroup) -> _GroupPlan:
-        feats, ftab, mean = [], [], []
-        for ti, t in enumerate(group.tables):
-            for f in t.features:
-                feats.append(self.feature_names.index(f))
-                ftab.append(ti)
-                mean.append(t.pooling is Pooling.MEAN)
-        order = np.argsort(feats, kind="stable")
-        return _GroupPlan(
-            group=group,
-            features=tuple(feats[i] for i in order),
-            feature_table=np.array([ftab[i] for i in order], dtype=np.int32),
-            mean=np.array([mean[i] for i in order], dtype=bool),
-            features_own_rows=len(set(ftab)) == len(ftab),
-        )
 
     @property
     def dims(self) -> list[int]:
@@ -111,28 +84,28 @@ class EmbeddingCollection(nn.Module):
         if len(dims) != 1:
             raise ValueError(f"forward() needs one dim for all tables, got {sorted(dims)}; use pooled_by_feature()")
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
-        outs = [self._group_forward(plan, sparse) for plan in self._plans]  # each [B, F_g, D]
-        if len(outs) == 1 and self._plans[0].features == tuple(range(len(self.feature_names))):
+            sparse = select_features(sparse, self.feature_names)
+        outs = [self._group_forward(plan, sparse) for plan in self.plans]  # each [B, F_g, D]
+        if len(outs) == 1 and self.plans[0].features == tuple(range(len(self.feature_names))):
             return outs[0]
-        order = [f for plan in self._plans for f in plan.features]
+        order = [f for plan in self.plans for f in plan.features]
         perm = torch.from_numpy(np.argsort(order)).to(outs[0].device)
         return torch.cat(outs, dim=1).index_select(1, perm)
 
     def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
         """Pooled embeddings per feature name, each ``[B, D_f]`` (tables may differ in dim)."""
         if sparse.keys != self.feature_names:
-            sparse = _select(sparse, self.feature_names)
+            sparse = select_features(sparse, self.feature_names)
         out: dict[str, Tensor] = {}
-        for plan in self._plans:
+        for plan in self.plans:
             pooled = self._group_forward(plan, sparse)  # [B, F_g, D]
             for i, f in enumerate(plan.features):
                 out[self.feature_names[f]] = pooled[:, i]
         return out
 
-    def _group_forward(self, plan: _GroupPlan, sparse: SparseFeatures) -> Tensor:  # -> [B, F_g, D]
+    def _group_forward(self, plan: GroupPlan, sparse: SparseFeatures) -> Tensor:  # -> [B, F_g, D]
         b = sparse.batch_size
-        values, offsets, lengths = _group_inputs(sparse, plan.features)  # [N], [F_g*B+1], [F_g]
+        values, offsets, lengths = group_inputs(sparse, plan.features)  # [N], [F_g*B+1], [F_g]
         keys = values.numpy()
         tabs = np.repeat(plan.feature_table, lengths)  # [N]
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
@@ -234,26 +207,3 @@ class EmbeddingCollection(nn.Module):
                     continue
                 g.load_table_state(ti, part)
 
-
-def _group_inputs(sparse: SparseFeatures, features: tuple[int, ...]) -> tuple[Tensor, Tensor, np.ndarray]:
-    """Values, offsets and per-feature id counts of a subset of features, packed."""
-    b = sparse.batch_size
-    n_feat = len(sparse.keys)
-    if features == tuple(range(n_feat)):
-        lengths = sparse.offsets[b :: b] - sparse.offsets[: -1 : b]  # [F]
-        return sparse.values, sparse.offsets, lengths.numpy()
-    vals, offs, lens = [], [torch.zeros(1, dtype=torch.int64)], []
-    base = 0
-    for f in features:
-        o = sparse.offsets[f * b : (f + 1) * b + 1]
-        vals.append(sparse.values[o[0] : o[-1]])
-        offs.append(o[1:] - o[0] + base)
-        n = int(o[-1] - o[0])
-        lens.append(n)
-        base += n
-    return torch.cat(vals), torch.cat(offs), np.array(lens, dtype=np.int64)
-
-
-def _select(sparse: SparseFeatures, names: tuple[str, ...]) -> SparseFeatures:
-    """Reorder / subset a batch's features to ``names``."""
-    return SparseFeatures.from_jagged({n: sparse[n] for n in names})

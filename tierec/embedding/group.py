@@ -1,4 +1,4 @@
-"""TableGroup: the physical store of tables that share dim and optimizer.
+"""TableGroup: the plain storage (whole rows, in memory) of tables that share dim and optimizer.
 
 Like a table-batched kernel, one group holds the rows of many logical tables
 in one weight tensor behind one HashIndex keyed by (table, id), so a batch
@@ -9,8 +9,11 @@ costs one dedupe, one lookup and one update for all of them, not one per table.
 >>> from tierec.embedding.group import TableGroup
 >>> g = TableGroup([TableConfig(name="t", dim=4, features=["f"])], seed=0)
 >>> rows = g.lookup(np.array([5, 6], dtype=np.int64), np.zeros(2, dtype=np.int32), insert=True)
->>> g.weights.index_select(0, rows).shape
+>>> g.gather(rows.numpy()).shape
 torch.Size([2, 4])
+
+It implements :class:`~tierec.embedding.storage.RowStorage`; it is the
+reference every other storage is tested against.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from tierec.embedding.table import TableConfig
 
 
 class TableGroup:
+    counts_accesses = False  # update() ignores how many ids each row served
+
     def __init__(self, tables: list[TableConfig], seed: int = 0, device: torch.device | str = "cpu") -> None:
         keys = {t.group_key() for t in tables}
         if len(keys) != 1:
@@ -47,6 +52,7 @@ class TableGroup:
         self.step = 0  # updates applied (Adam's bias correction)
         self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
+        self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
 
     @property
     def num_rows(self) -> int:
@@ -129,8 +135,16 @@ class TableGroup:
             return pool_fused(self, rows, layout, train, anchor)
         return pool_torch(self, rows, layout, train, anchor)
 
-    def update(self, rows: Tensor, grad: Tensor) -> None:
-        """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D]."""
+    def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] of ``rows``; -1 (unknown id) reads zeros
+        r = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        out = self.weights.index_select(0, r.clamp(min=0))
+        known = r >= 0
+        if not bool(known.all()):
+            out[~known] = 0.0
+        return out
+
+    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
+        """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D] (``accesses`` unused)."""
         self.step += 1
         apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
 
@@ -138,11 +152,10 @@ class TableGroup:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
         instead of ``pool_backward`` + :meth:`update`: row-wise Adagrad on CPU, where ``pooling.fused_pays``
         for this dim, thread count and host (``features_own_rows``: the batch's layout splits the
-        two-pass backward by feature). Subclasses whose ``update`` does more than the optimizer step
-        say False."""
+        two-pass backward by feature). A storage whose ``update`` does more than the optimizer step
+        overrides this with False."""
         return (
-            type(self).update is TableGroup.update
-            and self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
+            self.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
             and self.device.type == "cpu"
             and fused_pays(self.dim, numba.get_num_threads(), self.avx512, features_own_rows)
         )
@@ -175,12 +188,49 @@ class TableGroup:
 
     def resident_nbytes(self) -> int:
         """Bytes of weights, optimizer state and index in physical memory (pages written so far;
-        spare capacity that no row has reached yet is not). Equals :meth:`nbytes` off Linux,
-        on other devices, and for stores with their own layout (pruned, tiered)."""
-        if self.device.type != "cpu" or type(self).nbytes is not TableGroup.nbytes:
+        spare capacity that no row has reached yet is not). Equals :meth:`nbytes` off Linux
+        and on other devices."""
+        if self.device.type != "cpu":
             return self.nbytes()
         arrays = [self.weights.numpy(), *(t.numpy() for t in self.state.values())]
         return sum(resident_bytes(a) for a in arrays) + self.index.resident_nbytes()
+
+    def tier_stores(self) -> list:  # no tiered store behind a plain group
+        return []
+
+    def prefetcher(self) -> None:  # rows in memory: nothing to bring up ahead
+        return None
+
+    def pruning(self) -> None:  # whole rows: nothing to prune
+        return None
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ records
+
+    def _record_of(self, rows: Tensor) -> np.ndarray:  # [n, record_width]: weights, then each state flattened
+        parts = [self.weights.index_select(0, rows)]
+        parts += [s.index_select(0, rows).reshape(rows.shape[0], -1) for s in self.state.values()]
+        return torch.cat(parts, 1).cpu().numpy()
+
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        found = rows >= 0
+        out = np.zeros((keys.shape[0], self.record_width), dtype=np.float32)
+        if found.any():
+            out[found] = self._record_of(torch.from_numpy(rows[found]).to(self.device))
+        return found, out
+
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).to(self.device)
+        rec = torch.from_numpy(np.ascontiguousarray(records, dtype=np.float32)).to(self.device)
+        self.weights[rows] = rec[:, : self.dim]
+        col = self.dim
+        for s in self.state.values():
+            w = int(np.prod(s.shape[1:], dtype=np.int64))
+            s[rows] = rec[:, col : col + w].reshape(rows.shape[0], *s.shape[1:])
+            col += w
 
     # ------------------------------------------------------------ state
 
@@ -223,8 +273,7 @@ class TableGroup:
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert (or overwrite) the rows of one chunk of ``iter_records`` output."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
-        tabs = np.full(ids.shape[0], t, dtype=np.int32)
-        rows = self.lookup(ids, tabs, insert=True).to(self.device)
+        rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).to(self.device)
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)

@@ -129,7 +129,7 @@ def apply_update(
         apply_update_torch(cfg, weights, state, rows, grad, step)
 
 
-def _adam_step_size(cfg: OptimizerConfig, step: int) -> float:
+def adam_step_size(cfg: OptimizerConfig, step: int) -> float:
     bc1 = 1 - cfg.beta1**step
     bc2 = 1 - cfg.beta2**step
     return cfg.lr * math.sqrt(bc2) / bc1
@@ -146,7 +146,7 @@ def _apply_numba(cfg, weights, state, rows, grad, step) -> None:
     elif kind is OptimizerKind.ROWWISE_ADAGRAD:
         _rowwise_adagrad(w, _np(state["sum"]), r, g, lr, eps, wd)
     elif kind is OptimizerKind.ADAM:
-        step_size = _f32(_adam_step_size(cfg, step))
+        step_size = _f32(adam_step_size(cfg, step))
         _adam(w, _np(state["exp_avg"]), _np(state["exp_avg_sq"]), r, g, step_size, _f32(cfg.beta1), _f32(cfg.beta2), eps, wd)
     else:  # pragma: no cover - enum is closed
         raise ValueError(kind)
@@ -174,7 +174,7 @@ def apply_update_torch(cfg, weights, state, rows, grad, step) -> None:
         v = v + (g * g - v) * (1 - cfg.beta2)
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
-        w = w - _adam_step_size(cfg, step) * m / (v.sqrt() + cfg.eps)
+        w = w - adam_step_size(cfg, step) * m / (v.sqrt() + cfg.eps)
     weights.index_copy_(0, rows, w)
 
 

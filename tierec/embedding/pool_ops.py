@@ -14,7 +14,7 @@ Both hand the reduced gradient ``[U, D]`` of the unique rows to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -23,8 +23,19 @@ from torch import Tensor
 
 from tierec.embedding.pooling import backward_chunks, pool_backward, pool_backward_by_feature, pool_forward
 
-if TYPE_CHECKING:
-    from tierec.embedding.group import TableGroup
+
+class DenseRows(Protocol):
+    """What these paths read of a storage of whole rows (a TableGroup, or a TieredGroup's fast tier)."""
+
+    weights: Tensor  # [R, D]
+    dim: int
+    device: torch.device
+
+    def update(self, rows: Tensor, grad: Tensor) -> None: ...
+
+    def fused_reduce_update(self, features_own_rows: bool = False) -> bool: ...
+
+    def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,7 @@ class _Gather(torch.autograd.Function):
     """Gather unique rows [U, D]; the backward is the fused optimizer step on those rows."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, group: TableGroup, rows: Tensor) -> Tensor:
+    def forward(ctx, anchor: Tensor, group: DenseRows, rows: Tensor) -> Tensor:
         ctx.group = group
         ctx.save_for_backward(rows)
         return group.weights.index_select(0, rows)
@@ -76,7 +87,7 @@ class _PoolFused(torch.autograd.Function):
     """CPU gather + pool in one numba pass; the backward reduces onto unique rows and updates them."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, group: TableGroup, rows: np.ndarray, layout: BagLayout) -> Tensor:
+    def forward(ctx, anchor: Tensor, group: DenseRows, rows: np.ndarray, layout: BagLayout) -> Tensor:
         out = torch.empty(layout.batch, layout.n_features, group.dim)  # [B, F_g, D]
         pool_forward(group.weights.numpy(), rows, layout.inverse, layout.offsets, layout.scale, layout.batch, out.numpy())
         ctx.args = (group, rows, layout)
@@ -95,7 +106,7 @@ class _PoolFused(torch.autograd.Function):
         return None, None, None, None
 
 
-def pool_fused(group: TableGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
+def pool_fused(group: DenseRows, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
     """CPU path; ``rows`` [U] may hold -1 (unknown id at evaluation), which pools as zeros."""
     if train:
         return _PoolFused.apply(anchor, group, rows, layout)
@@ -104,7 +115,7 @@ def pool_fused(group: TableGroup, rows: np.ndarray, layout: BagLayout, train: bo
     return out
 
 
-def pool_torch(group: TableGroup, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
+def pool_torch(group: DenseRows, rows: np.ndarray, layout: BagLayout, train: bool, anchor: Tensor) -> Tensor:
     """Device-agnostic path: index_select of unique rows, then embedding_bag."""
     dev = group.device
     r = torch.from_numpy(rows).to(dev)

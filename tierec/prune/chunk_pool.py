@@ -20,11 +20,43 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from tierec.prune import kernels
+
 GROWTH = 1.25  # capacity factor when the free list runs dry
+
+
+@dataclass
+class ChunkView:
+    """What the chunked kernels read and update for one batch of rows.
+
+    In memory: the pool's arrays, the group's chunk map and the rows themselves,
+    importance by chunk number and the group's per-row arrays. Tiered: the fast
+    tier's arrays, a batch-local chunk map of cache slots ``[U, K]`` and local
+    rows ``0..U-1`` (-1 kept), importance by slot and per-row arrays of the batch;
+    :meth:`ChunkPool.finish_update` carries them back.
+    """
+
+    arrays: dict[str, np.ndarray]  # "weights" and each per-dim state, [P or C+1, c]
+    cmap: np.ndarray
+    rows: np.ndarray  # [U] rows for the kernels
+    start: np.ndarray  # [U] kernels.row_segments of (cmap, rows)
+    length: np.ndarray
+    ids: np.ndarray | None = None  # tiered: chunk numbers of the live cells of the local map, row-major
+    slots: np.ndarray | None = None  # tiered: their fast-tier slots
+
+
+def segments(cmap: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start [U], length [U]) of a batch's rows for the hot kernels (see kernels.row_segments)."""
+    start = np.empty(rows.shape[0], dtype=np.int64)
+    length = np.empty(rows.shape[0], dtype=np.int64)
+    kernels.row_segments(cmap, rows, start, length)
+    return start, length
 
 
 class ChunkPool:
@@ -106,6 +138,49 @@ class ChunkPool:
         free[new.size : new.size + self._n_free] = self._free[: self._n_free]
         self._free = free
         self._n_free += new.size
+
+    def ram_bytes(self) -> int:  # bytes of RAM: all of it
+        return self.nbytes()
+
+    def tier_stores(self) -> list:  # in memory: no tiered store
+        return []
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------- rows through a chunk map
+
+    def _array(self, name: str) -> np.ndarray:
+        return (self.weights if name == "weights" else self.state[name]).numpy()
+
+    def gather_dense(self, name: str, cmap: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """out [n, D] = array ``name`` of ``rows`` through ``cmap`` (zeros past prefixes and for -1)."""
+        kernels.gather_rows(self._array(name), cmap, rows, out)
+
+    def scatter_dense(self, name: str, cmap: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` [n, D] into the live chunks of ``rows`` (unique, all >= 0)."""
+        kernels.scatter_rows(self._array(name), cmap, rows, values)
+
+    def view(self, cmap: np.ndarray, rows: np.ndarray) -> ChunkView:
+        start, length = segments(cmap, rows)
+        arrays = {"weights": self.weights.numpy(), **{n: s.numpy() for n, s in self.state.items()}}
+        return ChunkView(arrays, cmap, rows, start, length)
+
+    def update_buffers(self, view: ChunkView, rows: np.ndarray, next_imp: np.ndarray, row_state: dict[str, Tensor]):
+        """(importance, next_imp, row_state) the update kernels accumulate into, indexed like ``view``."""
+        return self.importance, next_imp, row_state
+
+    def finish_update(self, view: ChunkView, rows: np.ndarray, bufs, next_imp: np.ndarray, row_state: dict[str, Tensor]) -> None:
+        """Carry the update's buffers back (in memory they were the arrays themselves)."""
+
+    def compact_rows(self, cmap: np.ndarray, live: np.ndarray) -> bool:
+        """Compact to the live chunks of rows ``cmap`` [n, K] (``live`` [n] chunks each), each row's
+        chunks one after another in row order, and renumber ``cmap`` in place. True: compacted."""
+        mask = np.arange(cmap.shape[1]) < live[:, None]  # [n, K]
+        order = cmap[mask].astype(np.int64)  # row by row, position by position
+        self.compact(order)
+        cmap[mask] = np.arange(order.shape[0], dtype=np.int32)
+        return True
 
     # ------------------------------------------------------------ compaction
 

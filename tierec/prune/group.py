@@ -13,11 +13,14 @@ row's mean gradient magnitude toward its table's; the Pruner
 (tierec/prune/pruner.py) reads them to decide the dims.
 
 With every row at full dim the forward and the updates are bit-identical to
-TableGroup (tests/prune/test_group_exact.py). With a ``tier_spec`` the chunks
-live in the tiered store (:class:`~tierec.prune.tiered_pool.TieredChunkPool`):
+TableGroup (tests/prune/test_prune_exact.py). The chunks' placement is the
+group's pool: a :class:`~tierec.prune.chunk_pool.ChunkPool` in memory, or a
+:class:`~tierec.prune.tiered_pool.TieredChunkPool` in the tiered store, where
 each batch's chunks are brought into the fast tier and the kernels run on it
-through a batch-local map of cache slots (:meth:`view`), with the same results
-as the all-in-memory pool (tests/prune/test_tiered_prune.py).
+through a batch-local map of cache slots (the pool's ``view``), with the same
+results as the all-in-memory pool (tests/prune/test_tiered_prune.py). Both
+implement :class:`~tierec.embedding.storage.RowStorage` (and the pruner's
+``ChunkImportance``).
 
 >>> import numpy as np
 >>> from tierec.config import PruneConfig
@@ -31,54 +34,35 @@ as the all-in-memory pool (tests/prune/test_tiered_prune.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from tierec.config import ConfigError, OptimizerKind, PruneConfig
 from tierec.embedding import kernels as engine_kernels
-from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import HashIndex
-from tierec.embedding.optimizers import _adam_step_size, initial_state_value, state_shapes
+from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.table import TableConfig
 from tierec.prune import kernels
-from tierec.prune.chunk_pool import ChunkPool
+from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
 from tierec.prune.pool_ops import pool_chunked, pool_chunked_torch
-from tierec.prune.tiered_pool import TieredChunkPool
-from tierec.store.spec import TierSpec
 
 
-@dataclass
-class ChunkView:
-    """What the chunked kernels read for one batch of rows.
+class PrunedGroup:
+    counts_accesses = True  # importance (frequency, shrinkage counts) needs the accesses of each row
 
-    In memory: the pool's arrays, the group's chunk map and the rows themselves.
-    Tiered: the fast tier's arrays, a batch-local chunk map of cache slots
-    ``[U, K]`` and local rows ``0..U-1`` (-1 kept), plus the chunks (``ids``)
-    behind the ``slots`` so the update can carry importance back.
-    """
-
-    arrays: dict[str, np.ndarray]  # "weights" and each per-dim state, [P or C+1, c]
-    cmap: np.ndarray
-    rows: np.ndarray  # [U] rows for the kernels
-    start: np.ndarray  # [U] kernels.row_segments of (cmap, rows)
-    length: np.ndarray
-    ids: np.ndarray | None = None  # tiered: chunk numbers of the live cells of the local map, row-major
-    slots: np.ndarray | None = None  # tiered: their fast-tier slots
-
-
-class PrunedGroup(TableGroup):
     def __init__(
         self,
         tables: list[TableConfig],
         cfg: PruneConfig,
         seed: int = 0,
         device: torch.device | str = "cpu",
-        tier_spec: TierSpec | None = None,
+        pool: ChunkPool | None = None,
     ) -> None:
+        """``pool``: where the chunks live (the placement): a ChunkPool in memory (the default, made
+        here) or a :class:`~tierec.prune.tiered_pool.TieredChunkPool`, with this group's chunk size
+        and per-dim state (:meth:`dim_state_of`)."""
         keys = {t.group_key() for t in tables}
         if len(keys) != 1:
             raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
@@ -100,15 +84,10 @@ class PrunedGroup(TableGroup):
         self.index = HashIndex(n_tables=len(tables))
         self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
         shapes = state_shapes(self.optimizer.kind, self.dim)
-        dim_state = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if s}
         self.row_state_init = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if not s}
-        self.tiered = tier_spec is not None
-        self._imp_scratch: np.ndarray | None = None  # tiered: importance by fast-tier slot during an update
-        self.chunks: ChunkPool | TieredChunkPool = (
-            TieredChunkPool(self.chunk, dim_state, tier_spec, self.optimizer.kind, seed=seed, name=_chunk_store_name(tables))
-            if tier_spec is not None
-            else ChunkPool(self.chunk, dim_state)
-        )
+        self.chunks = pool if pool is not None else ChunkPool(self.chunk, self.dim_state_of(self.optimizer, self.dim))
+        if pool is not None and (pool.chunk != self.chunk or set(pool.dim_state) != set(self.dim_state_of(self.optimizer, self.dim))):
+            raise ValueError("the chunk pool's chunk size or per-dim state does not match the group's")
         cap = self.index.row_capacity
         self.cmap = np.full((cap, self.n_pos), -1, dtype=np.int32)  # [R, K] physical chunk or -1
         self.next_imp = np.zeros(cap, dtype=np.float32)  # [R] claim of the first pruned chunk to grow back
@@ -118,6 +97,33 @@ class PrunedGroup(TableGroup):
         self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
         self.evicted = np.zeros(len(tables), dtype=np.int64)  # rows forgotten at dim 0, per table
         self.step = 0
+        # a record: full-dim weights, each per-dim state, per-row state, then the row's dims
+        self.record_width = self.dim * (1 + len(self.chunks.dim_state)) + len(self.row_state) + 1
+
+    @staticmethod
+    def dim_state_of(optimizer, dim: int) -> dict[str, float]:
+        """Initial value of each optimizer state with one value per dim (what the chunks hold)."""
+        shapes = state_shapes(optimizer.kind, dim)
+        return {n: initial_state_value(optimizer, n) for n, s in shapes.items() if s}
+
+    @property
+    def num_rows(self) -> int:
+        return self.index.num_rows
+
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+        """Rows [U] int64 of unique (table, key) pairs; new ones are inserted with ``init_dim`` dims.
+
+        Without ``insert`` an unknown pair gets row -1.
+        """
+        found = self.index.lookup(keys, tabs, insert)
+        if insert:
+            self._grow_storage()
+            if found.new.size:
+                self._init_rows(found.rows[found.new], keys[found.new], tabs[found.new])
+        return torch.from_numpy(found.rows)
+
+    def rows_per_table(self) -> np.ndarray:  # [n_tables]
+        return self.index.rows_per_table(len(self.tables))
 
     # ------------------------------------------------------------------ rows
 
@@ -196,51 +202,16 @@ class PrunedGroup(TableGroup):
     def _gather_dense(self, name: str, rows: np.ndarray) -> np.ndarray:
         """[n, D] of array ``name`` ("weights" or a per-dim state) of ``rows``, zeros past prefixes and for -1."""
         out = np.zeros((rows.shape[0], self.dim), dtype=np.float32)
-        if not self.tiered:
-            arr = self.chunks.weights if name == "weights" else self.chunks.state[name]
-            kernels.gather_rows(arr.numpy(), self.cmap, rows, out)
-            return out
-        cm = self._local_cmap(rows)
-        live = cm >= 0
-        if live.any():
-            out.reshape(rows.shape[0], self.n_pos, self.chunk)[live] = self.chunks.read(cm[live].astype(np.int64))[name]
+        self.chunks.gather_dense(name, self.cmap, rows, out)
         return out
 
     def _scatter_dense(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write ``values`` [n, D] into the live chunks of ``rows`` (unique, all >= 0)."""
-        values = np.ascontiguousarray(values, dtype=np.float32)
-        if not self.tiered:
-            arr = self.chunks.weights if name == "weights" else self.chunks.state[name]
-            kernels.scatter_rows(arr.numpy(), self.cmap, rows, values)
-            return
-        cm = self.cmap[rows]
-        live = cm >= 0
-        if live.any():
-            vals = values.reshape(rows.shape[0], self.n_pos, self.chunk)[live]
-            self.chunks.write(cm[live].astype(np.int64), {name: vals})
-
-    def _local_cmap(self, rows: np.ndarray) -> np.ndarray:  # [n, K] chunk numbers of rows, all -1 for row -1
-        cm = self.cmap[np.maximum(rows, 0)].copy()
-        cm[rows < 0] = -1
-        return cm
+        self.chunks.scatter_dense(name, self.cmap, rows, np.ascontiguousarray(values, dtype=np.float32))
 
     def view(self, rows: np.ndarray) -> ChunkView:
         """The arrays, chunk map and rows the kernels use for a batch's ``rows`` (tiered: made resident)."""
-        if not self.tiered:
-            start, length = self.segments(rows)
-            arrays = {"weights": self.chunks.weights.numpy(), **{n: s.numpy() for n, s in self.chunks.state.items()}}
-            return ChunkView(arrays, self.cmap, rows, start, length)
-        cm = self._local_cmap(rows)
-        live = cm >= 0
-        ids = cm[live].astype(np.int64)
-        slots = self.chunks.resident(ids)
-        local = np.full(cm.shape, -1, dtype=np.int32)
-        local[live] = slots
-        lrows = np.where(rows >= 0, np.arange(rows.shape[0]), -1).astype(np.int64)
-        start = np.empty(rows.shape[0], dtype=np.int64)
-        length = np.empty(rows.shape[0], dtype=np.int64)
-        kernels.row_segments(local, lrows, start, length)
-        return ChunkView(self.chunks.arrays(), local, lrows, start, length, ids, slots)
+        return self.chunks.view(self.cmap, rows)
 
     # ------------------------------------------------------------ forward / backward
 
@@ -251,19 +222,20 @@ class PrunedGroup(TableGroup):
 
     def segments(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(start [U], length [U]) of a batch's rows for the hot kernels (see kernels.row_segments)."""
-        start = np.empty(rows.shape[0], dtype=np.int64)
-        length = np.empty(rows.shape[0], dtype=np.int64)
-        kernels.row_segments(self.cmap, rows, start, length)
-        return start, length
+        return segments(self.cmap, rows)
 
-    def update(self, rows: Tensor, grad: Tensor, view: ChunkView | None = None, hits: np.ndarray | None = None) -> None:
+    def update(
+        self, rows: Tensor, grad: Tensor, view: ChunkView | None = None, hits: np.ndarray | None = None, *,
+        accesses: np.ndarray | None = None,
+    ) -> None:
         """The fused optimizer on each live chunk of ``rows`` [U] from ``grad`` [U, D], and importance.
 
         ``view``: the rows' :meth:`view` from the forward, when the caller has it (tiered:
         the same fast-tier slots; they stay resident until the next lookup of the store).
         ``hits`` [U] float32: how many times the batch accessed each row (default once each);
-        the access frequency the importance and the shrinkage's count are made of.
+        the access frequency the importance and the shrinkage's count are made of (``accesses``: the same).
         """
+        hits = accesses if hits is None else hits
         self.step += 1
         cfg = self.optimizer
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
@@ -273,12 +245,8 @@ class PrunedGroup(TableGroup):
             known = r >= 0
             self.count[r[known]] += hits[known]  # the rows of a batch are unique
         pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
-        if self.tiered:  # the kernels index importance by slot and per-row data by local row
-            imp = self._slot_importance(pw.shape[0])
-            nxt = self.next_imp[r].copy()
-            row_state = {n: s[torch.from_numpy(r)].clone() for n, s in self.row_state.items()}
-        else:
-            imp, nxt, row_state = self.chunks.importance, self.next_imp, self.row_state
+        bufs = self.chunks.update_buffers(v, r, self.next_imp, self.row_state)  # indexed as the view's kernels index
+        imp, nxt, row_state = bufs
         lr, eps, wd = np.float32(cfg.lr), np.float32(cfg.eps), np.float32(cfg.weight_decay)
         kind, k = cfg.kind, self.kernels
         if kind is OptimizerKind.SGD:
@@ -288,33 +256,23 @@ class PrunedGroup(TableGroup):
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
             k.rowwise_adagrad(pw, row_state["sum"].numpy(), cm, kr, st, ln, g, lr, eps, wd, self.dim, imp, nxt, by, hits)
         elif kind is OptimizerKind.ADAM:
-            step_size = np.float32(_adam_step_size(cfg, self.step))
+            step_size = np.float32(adam_step_size(cfg, self.step))
             b1, b2 = np.float32(cfg.beta1), np.float32(cfg.beta2)
             k.adam(pw, v.arrays["exp_avg"], v.arrays["exp_avg_sq"], cm, kr, st, ln, g, step_size, b1, b2, eps, wd, imp, nxt, by, hits)
         else:  # pragma: no cover - enum is closed
             raise ValueError(kind)
-        if self.tiered:
-            self.chunks.importance[v.ids] += imp[v.slots]
-            imp[v.slots] = 0.0  # the scratch stays zero between batches
-            self.next_imp[r] = nxt
-            for n, s in row_state.items():
-                self.row_state[n][torch.from_numpy(r)] = s
-
-    def _slot_importance(self, n_slots: int) -> np.ndarray:
-        """Zeroed scratch [n_slots] the tiered update accumulates importance into, by fast-tier slot."""
-        if self._imp_scratch is None or self._imp_scratch.shape[0] != n_slots:
-            self._imp_scratch = np.zeros(n_slots, dtype=np.float32)
-        return self._imp_scratch
+        self.chunks.finish_update(v, r, bufs, self.next_imp, self.row_state)
 
     # ----------------------------------------------------------------- pruning
 
-    def keep_scores(self, min_chunks: int, regrow: bool, margin: float) -> np.ndarray:  # [n_rows, K] float32
+    def keep_scores(self, min_chunks: int, regrow: bool, margin: float, job_sum=None) -> np.ndarray:  # [n_rows, K] float32
+        """``job_sum``: sums an array over the job's processes (the table means of the shrinkage are job-wide)."""
         out = np.empty((self.num_rows, self.n_pos), dtype=np.float32)
-        imp, claim = self.shrunk_importance() if self.shrinkage else (self.chunks.importance, self.next_imp)
+        imp, claim = self.shrunk_importance(job_sum) if self.shrinkage else (self.chunks.importance, self.next_imp)
         kernels.row_scores(self.cmap, self.num_rows, imp, claim, min_chunks, regrow, margin, out)
         return out
 
-    def shrunk_importance(self) -> tuple[np.ndarray, np.ndarray]:
+    def shrunk_importance(self, job_sum=None) -> tuple[np.ndarray, np.ndarray]:
         """Importance of every chunk and claim of every row, with the gradient magnitude shrunk.
 
         A chunk's importance ``S`` is the decayed sum of its gradient norms over its
@@ -339,6 +297,8 @@ class PrunedGroup(TableGroup):
         cell = tabs[r_idx] * self.n_pos + q_idx  # (table, position) of each live chunk
         sums = np.bincount(cell, weights=raw[chunk], minlength=n_tab * self.n_pos)
         accesses = np.bincount(cell, weights=cnt[r_idx], minlength=n_tab * self.n_pos)
+        if job_sum is not None:  # the table's mean over every process's rows
+            sums, accesses = np.split(job_sum(np.concatenate([sums, accesses])), 2)
         mean = (sums / np.maximum(accesses, 1e-12)).astype(np.float32)  # [T * K]
         n = cnt[r_idx]
         imp = raw.copy()
@@ -432,16 +392,18 @@ class PrunedGroup(TableGroup):
         Rows laid out together take the hot kernels' flat path (kernels.row_segments).
         A tiered pool has nothing to compact: freed chunks left the tiers already.
         """
-        if self.tiered:
-            return
         n = self.num_rows
-        live = self.live_chunks()
-        mask = np.arange(self.n_pos) < live[:, None]  # [n, K]
-        sub = self.cmap[:n]
-        order = sub[mask].astype(np.int64)  # row by row, position by position
-        self.chunks.compact(order)
-        sub[mask] = np.arange(order.shape[0], dtype=np.int32)
-        self.cmap[:n] = sub
+        sub = self.cmap[:n].copy()
+        if self.chunks.compact_rows(sub, self.live_chunks()):
+            self.cmap[:n] = sub
+
+    def maybe_compact(self, over_budget: bool, free_fraction: float) -> bool:
+        """Compact when the pool is mostly free (``free_fraction`` of it) or the job is over its budget."""
+        pool = self.chunks
+        if pool.num_free and (over_budget or pool.num_free >= free_fraction * pool.capacity):
+            self.compact()
+            return True
+        return False
 
     # ----------------------------------------------------------- reporting
 
@@ -473,8 +435,25 @@ class PrunedGroup(TableGroup):
 
     def nbytes(self) -> int:  # bytes allocated: pool, chunk maps, per-row state and claims, index
         rows = self.cmap.nbytes + self.next_imp.nbytes + self.count.nbytes + sum(s.numel() * 4 for s in self.row_state.values())
-        pool = self.chunks.ram_bytes() if isinstance(self.chunks, TieredChunkPool) else self.chunks.nbytes()
-        return pool + rows + self.index.nbytes()
+        return self.chunks.ram_bytes() + rows + self.index.nbytes()
+
+    def resident_nbytes(self) -> int:
+        return self.nbytes()
+
+    def chunk_bytes(self) -> int:  # bytes of one chunk: weights, per-dim state, importance
+        return self.chunks.bytes_per_chunk()
+
+    def row_bytes(self) -> int:  # bytes of per-row state a row keeps while it keeps any chunk
+        return 4 * self._row_floats()
+
+    def tier_stores(self) -> list:
+        return self.chunks.tier_stores()
+
+    def prefetcher(self) -> None:  # the store's pipeline does not cover chunks (store.prefetch is refused)
+        return None
+
+    def pruning(self) -> PrunedGroup:
+        return self
 
     # ------------------------------------------------------------------- state
 
@@ -545,11 +524,65 @@ class PrunedGroup(TableGroup):
             if self.shrinkage and "access_count" in sd:
                 self.count[rows] = sd["access_count"].numpy()
 
+    # Checkpoints stream a table's rows in bounded chunks (tierec/embedding/group.py's scheme).
+
+    def row_extent(self) -> int:
+        """Row numbers in use lie in ``[0, row_extent())``."""
+        return self.index.num_rows
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        """Rows [n] int64 of table ``t`` among row numbers ``[lo, hi)``, ascending."""
+        return lo + np.flatnonzero(self.index.row_tabs[lo:hi] == t)
+
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        extent = self.row_extent()
+        for lo in range(0, extent, max(int(max_rows), 1)):
+            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
+            if rows.size:
+                yield self.records(t, rows)
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        self.load_table_meta(t, sd)
+        self.write_records(t, sd)
+
+    # ------------------------------------------------------------------- records
+
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n], records [n, record_width]): full-dim weights and per-dim state (zeros past each
+        row's dims), per-row state, then the row's dims."""
+        rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        found = rows >= 0
+        out = np.zeros((keys.shape[0], self.record_width), dtype=np.float32)
+        r = rows[found]
+        if r.size:
+            parts = [self._gather_dense("weights", r)] + [self._gather_dense(n, r) for n in self.chunks.dim_state]
+            parts += [s[torch.from_numpy(r)].numpy()[:, None] for s in self.row_state.values()]
+            parts.append((self.live_chunks(r) * self.chunk).astype(np.float32)[:, None])
+            out[found] = np.concatenate(parts, axis=1)
+        return found, out
+
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).numpy()
+        rec = np.ascontiguousarray(records, dtype=np.float32)
+        self._set_chunks(rows, rec[:, -1].astype(np.int64) // self.chunk)
+        col = 0
+        for name in ["weights", *self.chunks.dim_state]:
+            self._scatter_dense(name, rows, rec[:, col : col + self.dim])
+            col += self.dim
+        for s in self.row_state.values():
+            s[torch.from_numpy(rows)] = torch.from_numpy(rec[:, col].copy())
+            col += 1
+
     def close(self) -> None:
         """Close the tiered pool's disk file (a no-op in memory)."""
-        if isinstance(self.chunks, TieredChunkPool):
-            self.chunks.close()
+        self.chunks.close()
 
 
-def _chunk_store_name(tables: list[TableConfig]) -> str:  # the chunk store's name in store statistics
+def chunk_store_name(tables: list[TableConfig]) -> str:  # the chunk store's name in store statistics
     return f"{tables[0].name}.chunks" if len(tables) == 1 else f"{tables[0].name}+{len(tables) - 1}.chunks"

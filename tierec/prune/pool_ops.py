@@ -27,7 +27,7 @@ torch.Size([2, 1, 8])
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ from torch import Tensor
 
 from tierec.embedding.pool_ops import BagLayout, pool_backward_auto
 
-if TYPE_CHECKING:
-    from tierec.prune.group import ChunkView, PrunedGroup
+PrunedGroup = Any  # tierec.prune.group.PrunedGroup (the module imports this one)
+ChunkView = Any  # tierec.prune.chunk_pool.ChunkView
 
 
 def _forward(group: PrunedGroup, layout: BagLayout, view: ChunkView) -> Tensor:

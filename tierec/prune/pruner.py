@@ -27,20 +27,20 @@ budget, so the bytes really fall.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
+from typing import Protocol
 import numpy as np
 import torch
 
 from tierec.config import ConfigError, PruneConfig
-from tierec.embedding import EmbeddingCollection, TableConfig, TableGroup
+from tierec.embedding import EmbeddingCollection, TableConfig
+from tierec.embedding.storage import StorageFactory
 from tierec.prune.group import PrunedGroup
 
 
-def pruned_group_factory(cfg: PruneConfig) -> Callable[[list[TableConfig], int, torch.device | str], TableGroup]:
+def pruned_group_factory(cfg: PruneConfig) -> StorageFactory:
     """An EmbeddingCollection ``group_factory`` that stores every group as chunks."""
 
-    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
+    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> PrunedGroup:
         check_chunk_dim(tables, cfg)
         return PrunedGroup(tables, cfg, seed=seed, device=device)
 
@@ -65,13 +65,41 @@ class PruneStep:
     target_bytes: int
 
 
+class JobReduce(Protocol):
+    """How the processes of a job combine what the pruner needs (one process: nothing to combine)."""
+
+    rank: int
+
+    def sum(self, values: np.ndarray) -> np.ndarray:  # elementwise sum over the job's processes
+        ...
+
+    def gather(self, values: np.ndarray) -> np.ndarray:  # every process's rows, concatenated in rank order
+        ...
+
+
+class OneProcess:
+    rank = 0
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+
 class Pruner:
-    def __init__(self, collection: EmbeddingCollection, cfg: PruneConfig) -> None:
+    def __init__(self, collection: EmbeddingCollection, cfg: PruneConfig, job: JobReduce | None = None) -> None:
+        """``job``: with several processes each holding a shard of the rows, the budget, the
+        threshold and the table means of the shrinkage are job-wide (see :meth:`step`)."""
         self.collection = collection
-        self.groups = [g for g in collection.groups if isinstance(g, PrunedGroup)]
+        self.groups = [p for p in (g.pruning() for g in collection.groups) if p is not None]
         self.cfg = cfg
+        self.job: JobReduce = job or OneProcess()
         self.compactions = 0
         self.last: PruneStep | None = None
+
+    def _total(self, value: float) -> int:  # an integer summed over the job
+        return int(self.job.sum(np.array([value], dtype=np.int64))[0])
 
     def due(self, step: int) -> bool:
         """True when global step ``step`` (1-based, after its update) is a pruning step."""
@@ -82,25 +110,36 @@ class Pruner:
         """Value bytes allowed: ``memory_budget``, or the unpruned tables' bytes over ``target_ratio``."""
         if self.cfg.memory_budget:
             return self.cfg.memory_budget
-        return int(sum(g.full_value_bytes() for g in self.groups) / self.cfg.target_ratio)
+        return int(self._total(sum(g.full_value_bytes() for g in self.groups)) / self.cfg.target_ratio)
 
-    def allocated_value_bytes(self) -> int:  # what the target limits: pools as allocated, per-row state
-        return sum(g.pool_bytes() + g.row_state_bytes() for g in self.groups)
+    def allocated_value_bytes(self) -> int:  # what the target limits: pools as allocated, per-row state (job-wide)
+        return self._total(sum(g.pool_bytes() + g.row_state_bytes() for g in self.groups))
 
     # --------------------------------------------------------------- the step
 
     def step(self) -> PruneStep:
-        cfg = self.cfg
+        """One pruning step; with several processes a collective, the same choice as one process.
+
+        Each process scores its own rows (with job-wide table means); the scores and tie
+        keys of every process are gathered, so every process picks the same threshold
+        and ties as one process would over all rows, and applies it to its own rows.
+        """
+        cfg, job = self.cfg, self.job
         target = self.target_bytes()
         # per-row state is paid by every row kept; with eviction only rows keeping a chunk are kept
         evict = cfg.evict_empty_rows
-        pool_target = target if evict else target - sum(g.row_state_bytes() for g in self.groups)
-        row_bytes = [g.row_state_bytes() // max(g.num_rows, 1) if evict else 0 for g in self.groups]
+        pool_target = target if evict else target - self._total(sum(g.row_state_bytes() for g in self.groups))
+        row_bytes = [g.row_bytes() if evict else 0 for g in self.groups]
         # 1. keep-scores of every chunk position, per group
-        scores = [g.keep_scores(cfg.min_dim // cfg.chunk, cfg.regrow, cfg.regrow_margin) for g in self.groups]
-        # 2. the most important positions that fit, across all groups
-        sizes = [g.chunks.bytes_per_chunk() for g in self.groups]
-        counts, tau = select(scores, sizes, pool_target, [g.tie_keys() for g in self.groups], row_bytes)
+        scores = [g.keep_scores(cfg.min_dim // cfg.chunk, cfg.regrow, cfg.regrow_margin, job.sum) for g in self.groups]
+        # 2. the most important positions that fit, across all groups and processes
+        sizes = [g.chunk_bytes() for g in self.groups]
+        mine = [job.gather(np.array([s.shape[0]], dtype=np.int64)) for s in scores]  # rows of each process
+        every = [job.gather(s) for s in scores]
+        keys = [job.gather(g.tie_keys()) for g in self.groups]
+        all_counts, tau = select(every, sizes, pool_target, keys, row_bytes)
+        lo = [int(m[: job.rank].sum()) for m in mine]
+        counts = [c[a : a + s.shape[0]] for c, a, s in zip(all_counts, lo, scores)]
         pruned = regrown = 0
         for g, c in zip(self.groups, counts):
             # 3. free trailing chunks under the threshold, grow back claimed ones
@@ -113,10 +152,8 @@ class Pruner:
         # 5. compact pools that are mostly free, or all of them while over the budget
         over = self.allocated_value_bytes() > target
         for g in self.groups:
-            pool = g.chunks
-            if pool.num_free and (over or pool.num_free >= cfg.compact_free_fraction * pool.capacity):
-                g.compact()
-                self.compactions += 1
+            self.compactions += g.maybe_compact(over, cfg.compact_free_fraction)
+        pruned, regrown = (int(x) for x in job.sum(np.array([pruned, regrown], dtype=np.int64)))
         self.last = PruneStep(
             threshold=tau, pruned=pruned, regrown=regrown, value_bytes=self.allocated_value_bytes(), target_bytes=target
         )
@@ -124,7 +161,7 @@ class Pruner:
 
     # --------------------------------------------------------------- reports
 
-    def counts(self) -> tuple[int, int]:  # chunks pruned, regrown since the start (cheap)
+    def counts(self) -> tuple[int, int]:  # chunks pruned, regrown since the start (cheap: this process's)
         return int(sum(g.pruned.sum() for g in self.groups)), int(sum(g.regrown.sum() for g in self.groups))
 
     def stats(self) -> dict:
@@ -135,23 +172,28 @@ class Pruner:
         the same with the pools' free chunks, what ``target_bytes`` limits; ``full_value_bytes``:
         what plain tables would hold for the same rows.
         """
-        hist: dict[int, int] = {}
+        hist = np.zeros(max((g.dim for g in self.groups), default=0) + 1, dtype=np.int64)  # rows per dim
         for g in self.groups:
-            for k, n in enumerate(g.dim_histogram()):
-                if n:
-                    hist[k * g.chunk] = hist.get(k * g.chunk, 0) + int(n)
+            h = g.dim_histogram()
+            hist[np.arange(h.size) * g.chunk] += h
+        hist = self.job.sum(hist)
         pruned, regrown = self.counts()
+        evicted = int(sum(g.evicted.sum() for g in self.groups))
+        totals = self.job.sum(np.array([
+            self.collection.nbytes(), sum(g.value_bytes() for g in self.groups),
+            sum(g.full_value_bytes() for g in self.groups), pruned, regrown, evicted, self.compactions,
+        ], dtype=np.int64))  # fmt: skip
         return {
-            "embedding_bytes": self.collection.nbytes(),
-            "value_bytes": sum(g.value_bytes() for g in self.groups),
+            "embedding_bytes": int(totals[0]),
+            "value_bytes": int(totals[1]),
             "allocated_value_bytes": self.allocated_value_bytes(),
-            "full_value_bytes": sum(g.full_value_bytes() for g in self.groups),
+            "full_value_bytes": int(totals[2]),
             "target_bytes": self.target_bytes(),
-            "dim_hist": dict(sorted(hist.items())),
-            "pruned_chunks": pruned,
-            "regrown_chunks": regrown,
-            "evicted_rows": int(sum(g.evicted.sum() for g in self.groups)),
-            "compactions": self.compactions,
+            "dim_hist": {int(d): int(n) for d, n in enumerate(hist) if n},
+            "pruned_chunks": int(totals[3]),
+            "regrown_chunks": int(totals[4]),
+            "evicted_rows": int(totals[5]),
+            "compactions": int(totals[6]),
         }
 
 

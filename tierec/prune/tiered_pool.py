@@ -11,7 +11,7 @@ state) stays with the PrunedGroup.
 
 The chunked kernels run unchanged on the fast tier: :meth:`resident` brings a
 batch's chunks up and returns their cache slots, and the PrunedGroup hands the
-kernels a batch-local chunk map of slots (``PrunedGroup._view``). Chunk numbers
+kernels a batch-local chunk map of slots (:meth:`view`). Chunk numbers
 are reused from a free list, so they stay dense without compaction.
 
 >>> import numpy as np, tempfile
@@ -28,9 +28,14 @@ are reused from a free list, so they stay dense without compaction.
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from tierec.config import OptimizerConfig, OptimizerKind
 from tierec.embedding.table import TableConfig
+from tierec.prune import kernels
+from tierec.prune.chunk_pool import ChunkView
+from tierec.store.group import TieredGroup
 from tierec.store.spec import TierSpec
 
 # The chunk store's optimizer only sets its record layout (per-dim state beside the weights);
@@ -53,8 +58,6 @@ class TieredChunkPool:
         seed: int = 0,
         name: str = "chunks",
     ) -> None:
-        from tierec.store.group import TieredGroup  # lazy: the store imports torch-heavy modules
-
         self.chunk = chunk
         self.dim_state = dict(dim_state)
         table = TableConfig(name=name, dim=chunk, features=[name], optimizer=OptimizerConfig(kind=_RECORD_KIND[kind]))
@@ -66,6 +69,7 @@ class TieredChunkPool:
         self._n_free = 0
         self._high = 0  # chunk numbers handed out so far: 0 .. high-1
         self._batch = max(self.store.capacity // 2, 1)  # chunks made resident at once by bulk operations
+        self._imp_scratch: np.ndarray | None = None  # importance by fast-tier slot during an update
 
     # ------------------------------------------------------------ sizes
 
@@ -123,11 +127,7 @@ class TieredChunkPool:
         n = ids.shape[0]
         if n == 0:
             return
-        st = self.store
-        lids = st.index.find(ids.astype(np.int64), np.zeros(n, dtype=np.int32))
-        with st._lock:
-            st.free_rows(lids[lids >= 0])
-            st.index.delete(lids[lids >= 0])
+        self.store.delete_records(ids.astype(np.int64), np.zeros(n, dtype=np.int32))
         if self._n_free + n > self._free.shape[0]:
             self._free = np.resize(self._free, max(self._n_free + n, int(self._free.shape[0] * 1.25) + 64))
         self._free[self._n_free : self._n_free + n] = ids[::-1]
@@ -159,17 +159,74 @@ class TieredChunkPool:
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Chunks ``ids`` [n, c] per name, read wherever they live (no movement between tiers)."""
-        st = self.store
-        lids = st.index.find(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32))
-        if (lids < 0).any():
-            raise KeyError(f"chunks {ids[lids < 0][:5].tolist()} are not in the store")
-        with st._lock:
-            rec = st.read_rows(lids)
+        found, rec = self.store.records_of(ids.astype(np.int64), np.zeros(ids.shape[0], dtype=np.int32))
+        if not found.all():
+            raise KeyError(f"chunks {ids[~found][:5].tolist()} are not in the store")
         out, col = {"weights": rec[:, : self.chunk]}, self.chunk
-        for name in st.state:
+        for name in self.store.state:
             out[name] = rec[:, col : col + self.chunk]
             col += self.chunk
         return out
 
+    def tier_stores(self) -> list[TieredGroup]:
+        return [self.store]
+
     def close(self) -> None:
         self.store.close()
+
+    # ------------------------------------------------------- rows through a chunk map
+
+    def gather_dense(self, name: str, cmap: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """out [n, D] = array ``name`` of ``rows`` through ``cmap`` (zeros past prefixes and for -1)."""
+        cm = _local_cmap(cmap, rows)
+        live = cm >= 0
+        if live.any():
+            out.reshape(rows.shape[0], cm.shape[1], self.chunk)[live] = self.read(cm[live].astype(np.int64))[name]
+
+    def scatter_dense(self, name: str, cmap: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` [n, D] into the live chunks of ``rows`` (unique, all >= 0)."""
+        cm = cmap[rows]
+        live = cm >= 0
+        if live.any():
+            vals = values.reshape(rows.shape[0], cm.shape[1], self.chunk)[live]
+            self.write(cm[live].astype(np.int64), {name: vals})
+
+    def view(self, cmap: np.ndarray, rows: np.ndarray) -> ChunkView:
+        """The batch's chunks made resident: a batch-local map of their slots, local rows 0..U-1."""
+        cm = _local_cmap(cmap, rows)
+        live = cm >= 0
+        ids = cm[live].astype(np.int64)
+        slots = self.resident(ids)
+        local = np.full(cm.shape, -1, dtype=np.int32)
+        local[live] = slots
+        lrows = np.where(rows >= 0, np.arange(rows.shape[0]), -1).astype(np.int64)
+        start = np.empty(rows.shape[0], dtype=np.int64)
+        length = np.empty(rows.shape[0], dtype=np.int64)
+        kernels.row_segments(local, lrows, start, length)
+        return ChunkView(self.arrays(), local, lrows, start, length, ids, slots)
+
+    def update_buffers(self, view: ChunkView, rows: np.ndarray, next_imp: np.ndarray, row_state: dict[str, Tensor]):
+        """(importance by slot, the rows' claims, the rows' per-row state): the kernels index by local row."""
+        n_slots = view.arrays["weights"].shape[0]
+        if self._imp_scratch is None or self._imp_scratch.shape[0] != n_slots:
+            self._imp_scratch = np.zeros(n_slots, dtype=np.float32)
+        r = torch.from_numpy(rows)
+        return self._imp_scratch, next_imp[rows].copy(), {n: s[r].clone() for n, s in row_state.items()}
+
+    def finish_update(self, view: ChunkView, rows: np.ndarray, bufs, next_imp: np.ndarray, row_state: dict[str, Tensor]) -> None:
+        imp, nxt, local_state = bufs
+        self.importance[view.ids] += imp[view.slots]
+        imp[view.slots] = 0.0  # the scratch stays zero between batches
+        next_imp[rows] = nxt
+        r = torch.from_numpy(rows)
+        for n, s in local_state.items():
+            row_state[n][r] = s
+
+    def compact_rows(self, cmap: np.ndarray, live: np.ndarray) -> bool:
+        return False  # nothing to compact: a freed chunk's record left the tiers at once
+
+
+def _local_cmap(cmap: np.ndarray, rows: np.ndarray) -> np.ndarray:  # [n, K] chunk numbers of rows, all -1 for row -1
+    cm = cmap[np.maximum(rows, 0)].copy()
+    cm[rows < 0] = -1
+    return cm

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tierec.store.sizes import format_size, parse_size
+from tierec.sizes import format_size, parse_size
 
 _LAZY = {
     "CacheCapacityError": "tierec.store.group",

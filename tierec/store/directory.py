@@ -46,7 +46,7 @@ import numpy as np
 from tierec.embedding.arena import GrowableArray, resident_bytes
 from tierec.embedding.hash_index import table_dtype
 from tierec.embedding.kernels import home_slot, key_hash
-from tierec.store.sizes import release_free_memory
+from tierec.sizes import release_free_memory
 
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.55  # ... into one this full

@@ -53,7 +53,7 @@ from tierec.store.host import HostTier
 from tierec.store.hotness import PREFETCHED, CountMinSketch
 from tierec.store.policies import Policies
 from tierec.store.state import TierState
-from tierec.store.sizes import format_size
+from tierec.sizes import format_size
 from tierec.store.spec import CachePolicy, Counter, TierSpec
 
 ZERO_SLOT = 0
@@ -217,13 +217,22 @@ class TieredGroup(Policies, TierState, TableGroup):
         with self._lock:
             self.pin[self.pin == PREFETCHED] = 0
 
-    def update(self, rows: Tensor, grad: Tensor) -> None:
+    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
         """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
         if self.spec.admission:
             keep = rows != ZERO_SLOT
             if not bool(keep.all()):
                 rows, grad = rows[keep], grad[keep]
         super().update(rows, grad)
+
+    def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
+        return False  # the update skips the shared zero slot: always the two-pass backward
+
+    def prefetcher(self) -> TieredGroup:
+        return self
+
+    def tier_stores(self) -> list[TieredGroup]:
+        return [self]
 
     # -------------------------------------------------------- admission
 
@@ -414,6 +423,24 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     # ------------------------------------------------------- row access
 
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n], records [n, W]) of (table, id) pairs wherever they live (no movement, no statistics)."""
+        with self._lock:
+            lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
+            found = lids >= 0
+            out = np.zeros((keys.shape[0], self.record_width), dtype=np.float32)
+            if found.any():
+                out[found] = self.read_rows(lids[found])
+            return found, out
+
+    def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Forget the rows of (table, id) pairs in every tier (unknown pairs are ignored)."""
+        with self._lock:
+            lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
+            lids = lids[lids >= 0]
+            self.free_rows(lids)
+            self.index.delete(lids)
+
     def read_rows(self, lids: np.ndarray) -> np.ndarray:
         """Records [n, W] of rows ``lids`` wherever they live (no movement between tiers)."""
         d = self.index
@@ -457,6 +484,9 @@ class TieredGroup(Policies, TierState, TableGroup):
         if self.sketch is not None:
             total += self.sketch.nbytes()
         return total
+
+    def resident_nbytes(self) -> int:  # the tiers account for their own memory
+        return self.nbytes()
 
     def disk_bytes(self) -> int:
         return self.disk.file_bytes() if self.disk is not None else 0

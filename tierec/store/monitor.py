@@ -22,8 +22,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tierec.config import StoreConfig
-from tierec.store.pipeline import StorePipeline, chunk_stores, targets_of
-from tierec.store.sizes import format_size
+from tierec.store.pipeline import StorePipeline
+from tierec.sizes import format_size
 from tierec.store.spec import Counter
 
 _SUMMED = (
@@ -51,8 +51,8 @@ _SUMMED = (
 class StoreMonitor:
     def __init__(self, collections: list[Any], cfg: StoreConfig) -> None:
         self.collections = [c for c in collections if c is not None]
-        # tiered groups, and the chunk stores of pruned groups whose chunks the tiers hold
-        self.groups = [t.group for t in targets_of(self.collections)] + chunk_stores(self.collections)
+        # the tiered stores behind every storage (a tiered group, the chunk store of a tiered pruned group)
+        self.groups = [s for c in self.collections for g in c.groups for s in g.tier_stores()]
         self.active = bool(self.groups)
         self.pipeline = StorePipeline(self.collections, cfg.prefetch_depth) if cfg.prefetch and self.active else None
         # Weak: the loop's own reference must be the last, so a `break` closes the stream at once

@@ -48,30 +48,22 @@ class _Failed:
 
 @dataclass(frozen=True)
 class _Target:
-    """Where one tiered group's ids sit in a batch: (feature name, table index in the group)."""
+    """Where one prefetching storage's ids sit in a batch: (feature name, table index in the group)."""
 
-    group: Any  # TieredGroup
+    group: Any  # tierec.embedding.storage.Prefetching
     features: tuple[tuple[str, int], ...]
 
 
 def targets_of(collections: list[Any]) -> list[_Target]:
-    """The tiered groups of some EmbeddingCollections, with the features each reads."""
-    from tierec.store.group import TieredGroup
-
+    """The storages of some EmbeddingCollections that can prefetch, with the features each reads."""
     out = []
     for coll in collections:
         for g in coll.groups:
-            if isinstance(g, TieredGroup):
+            p = g.prefetcher()
+            if p is not None:
                 feats = tuple((f, ti) for ti, t in enumerate(g.tables) for f in t.features)
-                out.append(_Target(group=g, features=feats))
+                out.append(_Target(group=p, features=feats))
     return out
-
-
-def chunk_stores(collections: list[Any]) -> list[Any]:
-    """The TieredGroups holding the chunks of pruned groups (store and prune both on)."""
-    from tierec.prune.tiered_pool import TieredChunkPool
-
-    return [g.chunks.store for coll in collections for g in coll.groups if isinstance(getattr(g, "chunks", None), TieredChunkPool)]
 
 
 class StorePipeline:

@@ -1,4 +1,4 @@
-"""StorePlan: which tables are tiered, in which store, with what sizes; the collection's group factory.
+"""StorePlan: which tables are tiered, in which store, with what sizes (``tierec.storage`` builds them).
 
 Stores: every table without an entry in ``store.tables`` belongs to the
 default store, whose ``memory_budget`` (and ``cache_size``, ``host_size``) is
@@ -28,13 +28,11 @@ import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from tierec.config import Config, ConfigError, PruneConfig, StoreConfig
-from tierec.embedding.group import TableGroup
+from tierec.config import Config, ConfigError, StoreConfig
 from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig, tables_from_config
-from tierec.store.sizes import parse_size
+from tierec.sizes import parse_size
 from tierec.store.spec import TierSpec
 
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
@@ -95,31 +93,9 @@ class StorePlan:
             out.append(StoredTable(**{f.name: getattr(t, f.name) for f in dataclasses.fields(t)}, store=store))
         return out
 
-    @property
-    def factory(self):
-        """``group_factory`` for EmbeddingCollection, or None when tiering is off."""
-        return self._make if self.enabled else None
-
-    def _make(self, tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
-        store = getattr(tables[0], "store", DEFAULT_STORE)
-        if store == IN_MEMORY:
-            return TableGroup(tables, seed=seed, device=device)
-        from tierec.store.group import TieredGroup
-
-        return TieredGroup(tables, self.spec_for(tables), seed=seed, device=device)
-
-    def pruned_factory(self, prune: PruneConfig):
-        """``group_factory`` storing every group as pruned chunks, held by the tiers when tiering is on."""
-        from tierec.prune.group import PrunedGroup
-        from tierec.prune.pruner import check_chunk_dim
-
-        def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> TableGroup:
-            check_chunk_dim(tables, prune)
-            tiered = self.enabled and getattr(tables[0], "store", DEFAULT_STORE) != IN_MEMORY
-            spec = self.spec_for(tables) if tiered else None
-            return PrunedGroup(tables, prune, seed=seed, device=device, tier_spec=spec)
-
-        return make
+    def tiered(self, tables: list[TableConfig]) -> bool:
+        """Whether the group holding ``tables`` (as tagged by :meth:`tables`) lives in the tiers."""
+        return self.enabled and getattr(tables[0], "store", DEFAULT_STORE) != IN_MEMORY
 
     def spec_for(self, tables: list[TableConfig]) -> TierSpec:
         """The resolved TierSpec of the group holding ``tables``."""

@@ -19,21 +19,16 @@ its directory entry; if the id comes back it starts afresh.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from tierec.store import hotness
 from tierec.store.directory import LOC_DISK, LOC_HOST
-from tierec.store.sizes import release_free_memory
+from tierec.sizes import release_free_memory
 from tierec.store.spec import CachePolicy, Counter
-
-if TYPE_CHECKING:
-    from tierec.store.group import TieredGroup
 
 
 class Policies:
-    def maintain(self: TieredGroup) -> None:
+    def maintain(self) -> None:
         d, spec = self.index, self.spec
         if spec.decay < 1.0:
             d.decay(spec.decay)
@@ -54,14 +49,14 @@ class Policies:
             self.disk.drop_page_cache()
         release_free_memory()
 
-    def delete_rows(self: TieredGroup, lids: np.ndarray, counter: Counter) -> None:
+    def delete_rows(self, lids: np.ndarray, counter: Counter) -> None:
         if lids.size == 0:
             return
         self._count(counter, self.index.tabs[lids])
         self.free_rows(lids)
         self.index.delete(lids)
 
-    def _promote_to_cache(self: TieredGroup, most: int) -> None:
+    def _promote_to_cache(self, most: int) -> None:
         d = self.index
         live = d.live()
         out = live[d.cslot[live] < 0]
@@ -82,7 +77,7 @@ class Policies:
         self._bring_up(up, slots)
         self._count(Counter.PROMOTED, d.tabs[up])
 
-    def _rebalance_host_disk(self: TieredGroup, most: int) -> None:
+    def _rebalance_host_disk(self, most: int) -> None:
         if self.host is None or self.disk is None:
             return
         d = self.index

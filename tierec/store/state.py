@@ -13,8 +13,6 @@ arrive, which changes no number.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -22,18 +20,15 @@ from torch import Tensor
 from tierec.store.directory import LOC_DISK, LOC_HOST
 from tierec.store.spec import Counter
 
-if TYPE_CHECKING:
-    from tierec.store.group import TieredGroup
-
 
 class TierState:
-    def row_extent(self: TieredGroup) -> int:
+    def row_extent(self) -> int:
         return self.index.high
 
-    def rows_of(self: TieredGroup, t: int, lo: int, hi: int) -> np.ndarray:
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
         return lo + np.flatnonzero(self.index.tabs[lo:hi] == t)
 
-    def records(self: TieredGroup, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
         """Records of rows (lids) ``rows`` from whichever tier holds them, with ``store.freq`` / ``store.last``."""
         with self._lock:
             d = self.index
@@ -49,7 +44,7 @@ class TierState:
             out["store.last"] = torch.from_numpy(np.asarray(d.last[rows], dtype=np.int32))
             return out
 
-    def table_meta(self: TieredGroup, t: int) -> dict[str, Tensor]:
+    def table_meta(self, t: int) -> dict[str, Tensor]:
         with self._lock:
             out = {"store.counters": torch.from_numpy(self.counters[t].copy())}
             if t == 0:
@@ -59,7 +54,7 @@ class TierState:
                     out["store.sketch"] = torch.from_numpy(self.sketch.table.astype(np.int64))
             return out
 
-    def load_table_meta(self: TieredGroup, t: int, sd: dict[str, Tensor]) -> None:
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
         with self._lock:
             if "store.clock" in sd:
                 self.clock, self.train_steps, self.max_batch_rows, added = (int(x) for x in sd["store.clock"])
@@ -70,13 +65,11 @@ class TierState:
                 c = sd["store.counters"].numpy()
                 self.counters[t, : c.shape[0]] = c[: len(Counter)]
 
-    def write_records(self: TieredGroup, t: int, sd: dict[str, Tensor]) -> None:
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again)."""
         with self._lock:
-            d = self.index
             ids = sd["ids"].numpy().astype(np.int64, copy=False)
             n = ids.shape[0]
-            tabs = np.full(n, t, dtype=np.int32)
             rec = np.empty((n, self.record_width), dtype=np.float32)
             rec[:, : self.dim] = sd["weights"].numpy()
             col = self.dim
@@ -84,28 +77,43 @@ class TierState:
                 w = self._state_widths[name]
                 rec[:, col : col + w] = sd[f"opt.{name}"].numpy().reshape(n, w)
                 col += w
-            freq = sd["store.freq"].numpy() if "store.freq" in sd else np.zeros(n, dtype=np.float32)
-            last = sd["store.last"].numpy() if "store.last" in sd else np.full(n, self.train_steps, dtype=np.int64)
-            lids = d.find(ids, tabs)
-            known = np.flatnonzero(lids >= 0)
-            if known.size:  # overwrite rows in place: cached copies in the cache, others re-homed
-                kl = lids[known]
-                cs = d.cslot[kl].astype(np.int64)
-                res = cs >= 0
-                self._scatter(cs[res], rec[known[res]])
-                self.dirty[cs[res]] = True
-                away = kl[~res]
-                loc = d.loc[away]
-                if self.host is not None:
-                    self.host.free(d.home[away[loc == LOC_HOST]])
-                if self.disk is not None:
-                    self.disk.free(d.home[away[loc == LOC_DISK]])
-                d.loc[away] = 0
-                d.home[away] = -1
-                d.freq[kl], d.last[kl] = freq[known], last[known]
-                self._store_home(away, rec[known[~res]])
-            new = np.flatnonzero(lids < 0)
-            if new.size:
-                nl = d.insert(ids[new], tabs[new])
-                d.freq[nl], d.last[nl] = freq[new], last[new]
-                self._store_home(nl, rec[new])
+            freq = sd["store.freq"].numpy() if "store.freq" in sd else None
+            last = sd["store.last"].numpy() if "store.last" in sd else None
+            self._put(ids, np.full(n, t, dtype=np.int32), rec, freq, last)
+
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        """Overwrite (or insert) rows of (table, id) pairs with ``records`` [n, W]; known rows keep their
+        access statistics (a move between ranks, e.g. a hot row handed back to its owner)."""
+        with self._lock:
+            self._put(keys, tabs.astype(np.int32, copy=False), np.ascontiguousarray(records, dtype=np.float32))
+
+    def _put(self, ids: np.ndarray, tabs: np.ndarray, rec: np.ndarray, freq=None, last=None) -> None:
+        d = self.index
+        n = ids.shape[0]
+        lids = d.find(ids, tabs)
+        known = np.flatnonzero(lids >= 0)
+        if known.size:  # overwrite rows in place: cached copies in the cache, others re-homed
+            kl = lids[known]
+            cs = d.cslot[kl].astype(np.int64)
+            res = cs >= 0
+            self._scatter(cs[res], rec[known[res]])
+            self.dirty[cs[res]] = True
+            away = kl[~res]
+            loc = d.loc[away]
+            if self.host is not None:
+                self.host.free(d.home[away[loc == LOC_HOST]])
+            if self.disk is not None:
+                self.disk.free(d.home[away[loc == LOC_DISK]])
+            d.loc[away] = 0
+            d.home[away] = -1
+            if freq is not None:
+                d.freq[kl] = freq[known]
+            if last is not None:
+                d.last[kl] = last[known]
+            self._store_home(away, rec[known[~res]])
+        new = np.flatnonzero(lids < 0)
+        if new.size:
+            nl = d.insert(ids[new], tabs[new])
+            d.freq[nl] = freq[new] if freq is not None else np.zeros(new.size, dtype=np.float32)
+            d.last[nl] = last[new] if last is not None else np.full(new.size, self.train_steps, dtype=np.int64)
+            self._store_home(nl, rec[new])

@@ -23,6 +23,7 @@ from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
 from tierec.models import CTRModel, build_model, model_class
 from tierec.prune import Pruner
+from tierec.storage import storage_factory
 from tierec.store.plan import StorePlan
 from tierec.train.precision import DenseStep
 
@@ -47,8 +48,8 @@ class Components:
         # Pruning stores the main tables as chunks; the dim-1 wide tables stay unpruned.
         # Tiered storage (cfg.store) tags tables with their store and builds their groups; a no-op when off.
         plan = StorePlan.for_run(cfg, feature_names)
-        # With both, the pruned groups' chunks are what the tiers hold (tierec/prune/tiered_pool.py).
-        factory = plan.pruned_factory(cfg.prune) if cfg.prune.enabled else plan.factory
+        # With both, the pruned groups' chunks are what the tiers hold (tierec/storage.py decides).
+        factory = storage_factory(plan, cfg.prune if cfg.prune.enabled else None)
         emb = EmbeddingCollection(
             plan.tables(tables_from_config(cfg.embedding, feature_names)), feature_names, seed=seed, device=device, group_factory=factory
         )
@@ -60,7 +61,7 @@ class Components:
                 feature_names,
                 seed=seed + 1,
                 device=device,
-                group_factory=plan.factory,
+                group_factory=storage_factory(plan),
             )
         dims = set(emb.dims)
         if len(dims) != 1:

@@ -22,7 +22,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import torch
 from torch import Tensor
+
+from tierec.embedding.storage import combine_shards, is_count_entry
 
 from tierec.train.checkpoint import (
     CHUNK_BYTES,
@@ -117,7 +120,10 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
         _restore_flat(parts, dense, ckpt.meta["state"])
         return
     _restore_dense(parts, dense, ckpt.meta["state"])
-    own = ckpt.state(rank) if ckpt.world_size == world_size and rank > 0 else dense
+    if ckpt.world_size == world_size:
+        own = ckpt.state(rank) if rank > 0 else dense
+    else:  # another world size: the job's event counts (summed over the shards) go to rank 0 alone
+        own = _job_counters(dense, [ckpt.state(r) for r in range(1, ckpt.world_size)], first=rank == 0)
     colls = dict(embedding_collections(parts))
     for name, coll in colls.items():
         prefix = f"{name}/"
@@ -128,8 +134,29 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
         colls[name].load_rows(table, _valid(records))
 
 
+def _job_counters(dense: dict[str, Tensor], others: list[dict[str, Tensor]], *, first: bool) -> dict[str, Tensor]:
+    """The embeddings' non-row state of a job as one process's: event counts summed over the shards
+    (on ``first`` only, zeros elsewhere, so the job's sum is kept), the rest rank 0's. The pruner's
+    budget (``prune.target_ratio``) counts the evicted rows, so the sum matters."""
+    out = {}
+    for k, v in dense.items():
+        if "/" not in k:
+            continue
+        total = combine_shards(k, [v] + [o[k] for o in others if k in o])
+        out[k] = total if first or not is_count_entry(k) else torch.zeros_like(total)
+    return out
+
+
 def _restore_dense(parts: Components, tensors: dict[str, Tensor], skeleton: Any) -> None:
     state = unflatten_state({k: v for k, v in tensors.items() if "/" not in k}, skeleton)
     parts.model.load_state_dict(state["model"])
     parts.optimizer.load_state_dict(state["optimizer"])
     restore_rng_state(state["rng"])
+
+
+def load_shard_rows(parts: Components, tensors: dict[str, Tensor]) -> None:
+    """The embedding rows of one more shard of a checkpoint in the previous sharded format
+    (each rank keeps the rows it owns)."""
+    for name, coll in embedding_collections(parts):
+        prefix = f"{name}/"
+        coll.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})

@@ -34,14 +34,17 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import is_sharded, load_any
+from tierec.distributed.checkpoint import is_sharded
+from tierec.distributed.context import DistContext
+from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
 from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
-from tierec.train.state import restore_checkpoint, restore_state, row_chunks, snapshot_state
+from tierec.train.metrics import EvalAccumulator
+from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
 
@@ -101,21 +104,31 @@ def load_newest_intact(ckpt_dir: Path, restore: Callable[[Path], dict], echo: Ca
 
 
 class Trainer:
-    is_main = True  # prints progress and writes run files (rank 0 of a distributed job)
-
     def __init__(
-        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print
+        self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print,
+        ctx: DistContext | None = None,
     ) -> None:
+        """``ctx``: the job this process is a rank of (default: one process). The loop is the same
+        for any number of processes; what differs is applied by ``self.job`` (tierec/distributed/job.py)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.resume = resume
-        self.echo = echo
+        self.job = Job(cfg, ctx)
+        self.is_main = self.job.is_main  # prints progress and writes run files (rank 0 of a job)
+        self.echo = echo if self.is_main else quiet
         self._validated_at = -1  # step of the latest validation
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
 
     # ------------------------------------------------------------------ fit
 
     def fit(self) -> dict[str, Any]:
+        with self.job.guard():  # several processes: a lost rank is named
+            return self._fit()
+
+    def close(self) -> None:
+        self.job.close()
+
+    def _fit(self) -> dict[str, Any]:
         self.cfg = cfg = with_validation(self.cfg)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -153,7 +166,7 @@ class Trainer:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch in store.wrap(self._batches(loader)):
+                for batch in self._batches(store.wrap(loader)):  # look-ahead after the prefetch thread: same order on every rank
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch)
                     self._check_loss(last_loss, pos, ckpt_dir)
@@ -229,11 +242,12 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------- pieces
-    # (tierec.distributed.trainer.DistributedTrainer overrides these for a multi-process job)
 
     def _stop_requested(self) -> int | None:
         """The signal that asked the run to stop (all ranks agree in a job), or None."""
-        return self.stop.requested if self.stop is not None else None
+        if self.stop is None:
+            return None
+        return self.job.agree_max(self.stop.requested or 0) or None
 
     def _interrupt(self, parts: Components, ckpt_dir: Path, pos: Position, bar: tqdm, log: MetricsLog) -> None:
         signum = self._stop_requested()
@@ -254,23 +268,26 @@ class Trainer:
         )
 
     def _build(self, probe) -> Components:
-        return Components.build(self.cfg, probe.feature_names, probe.n_dense)
+        """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
+        parts = Components.build(self.job.process_config(), probe.feature_names, probe.n_dense)
+        return self.job.parallelize(parts)
 
     def _batches(self, loader: BackgroundLoader):
-        return iter(loader)
+        return self.job.batches(loader)
 
     def _footprint(self, parts: Components) -> dict[str, int]:
-        return {"embedding_rows": parts.embedding_rows(), "embedding_bytes": parts.embedding_bytes()}
+        return self.job.footprint(parts)
 
     def _step(self, parts: Components, batch: Batch) -> float:
         parts.train(True)
-        batch = batch.to(self.cfg.train.device)
-        logits = parts.forward(batch)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        local = self.job.local(batch, parts)  # this process's slice (the batch itself on one process)
+        logits = parts.forward(local)
+        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
         parts.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # embedding rows are updated here, by their fused optimizers
+        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
+        (loss_sum * self.job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
         parts.optimizer.step()
-        return float(loss.detach())
+        return self.job.mean_loss(loss_sum, batch)
 
     def _log_prune(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> None:
         """A "prune" metrics record, and one progress line: bytes, chunks pruned / regrown, rows per dim."""
@@ -286,10 +303,16 @@ class Trainer:
             (bar.write if bar is not None else self.echo)(line)
 
     def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None, split: str = "test") -> dict[str, float]:
-        result = evaluate(self.cfg, parts, split)
+        if self.job.distributed:
+            from tierec.distributed.evaluate import evaluate_sharded
+
+            result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split)
+        else:
+            result = evaluate(self.cfg, parts, split)
         log.write({"kind": "eval", "split": split, "step": pos.step, **result})
         line = f"step {pos.step}: {split} auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
-        (bar.write if bar is not None else self.echo)(line)
+        if self.is_main:
+            (bar.write if bar is not None else self.echo)(line)
         return result
 
     def _track_best(self, parts: Components, result: dict[str, float], ckpt_dir: Path, pos: Position, split: str) -> None:
@@ -323,15 +346,15 @@ class Trainer:
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         tensors, skeleton = snapshot_state(parts)
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts))  # rows streamed in chunks
+        self.job.save(ckpt_dir, pos.step, tensors, meta, row_chunks(parts), save_checkpoint)  # rows streamed in chunks
 
     def _restore_from(self, parts: Components, ckpt: Path) -> dict:
-        if is_sharded(ckpt):  # the previous sharded format
-            tensors, meta = load_any(ckpt)
-            restore_state(parts, tensors, meta["state"])
-            return meta
+        """Restore a checkpoint of any world size; each process keeps the rows it owns."""
+        ctx = self.job.ctx
+        if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
+            return self.job.load_sharded(ckpt, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
         loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
-        restore_checkpoint(parts, loaded)
+        restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
         return loaded.meta
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
@@ -339,6 +362,7 @@ class Trainer:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
         meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
+        self.job.steps_run = int(meta["position"]["step"])
         pos = Position(**meta["position"])
-        self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch})")
+        self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")
         return pos

@@ -1,0 +1,115 @@
+"""parallelize: make a run's components a job's (sharded embeddings, data-parallel dense part).
+
+The training loop is the same for any number of processes (tierec/train/trainer.py);
+what differs is applied to its components here, the way torchtitan's
+``parallelize`` applies parallelism to a model that knows nothing of it:
+
+- :func:`for_process`: the config one process builds its components from: with
+  tiered tables, its own directory under ``store.disk_path`` (``rank-<r>``);
+  ``store.memory_budget`` is per process (each process builds its own store);
+- :func:`parallelize`: every embedding collection becomes a
+  ``ShardedEmbeddingCollection`` over its (empty) storages, whatever they are
+  (plain, tiered, pruned, both); the dense model is wrapped in
+  DistributedDataParallel; the pruner gets the job's collectives, so the budget
+  (``prune.memory_budget`` / ``prune.target_ratio``) and the threshold are job-wide;
+- :func:`check_job`: combinations a job cannot run, as one line naming the keys.
+
+Every rank reads the same global batches and keeps its slice (``data.slice_batch``);
+its loss is the slice's summed loss times W / B, so DDP's average and the owners'
+summed embedding gradients are the single-process ones.
+
+>>> from tierec.config import load_config
+>>> from tierec.distributed import DistContext
+>>> from tierec.distributed.parallelize import for_process
+>>> cfg = load_config(None, ["store.enabled=true", "store.disk_path=/tmp/rows"])
+>>> for_process(cfg, DistContext.single()).store.disk_path  # one process: unchanged
+'/tmp/rows'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tierec.config import Config, ConfigError
+from tierec.distributed.context import DistContext
+from tierec.distributed.sharded import ShardedEmbeddingCollection
+
+
+def process_dir(path: str, ctx: DistContext) -> str:
+    """This process's own directory under ``path`` ("" stays "")."""
+    return str(Path(path) / f"rank-{ctx.rank}") if path and ctx.is_distributed else path
+
+
+def for_process(cfg: Config, ctx: DistContext) -> Config:
+    """``cfg`` with every disk path of the store made this process's own (one process: ``cfg`` itself)."""
+    if not (ctx.is_distributed and cfg.store.enabled):
+        return cfg
+    tables = [dataclasses.replace(t, disk_path=process_dir(t.disk_path, ctx)) for t in cfg.store.tables]
+    store = dataclasses.replace(cfg.store, disk_path=process_dir(cfg.store.disk_path, ctx), tables=tables)
+    for d in [store.disk_path, *(t.disk_path for t in tables)]:
+        if d:
+            Path(d).mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(cfg, store=store)
+
+
+def check_job(cfg: Config, ctx: DistContext) -> None:
+    """Refuse what a job of several processes cannot run (one line naming the keys)."""
+    if ctx.device.type != "cpu":
+        raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {ctx.device}")
+    if cfg.prune.enabled and cfg.dist.hot_rows:
+        raise ConfigError(
+            "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
+            "set dist.hot_rows = 0 (or prune.enabled = false)"
+        )
+
+
+class JobSums:
+    """The pruner's collectives over a job (``tierec.prune.pruner.JobReduce``)."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.rank = ctx.rank
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(values).copy())
+        dist.all_reduce(t, group=self.ctx.dense_group)
+        return t.numpy()
+
+    def gather(self, values: np.ndarray) -> np.ndarray:
+        """Every rank's ``values`` (same dtype and trailing shape), concatenated along axis 0 in rank order."""
+        w, group = self.ctx.world_size, self.ctx.dense_group
+        arr = np.ascontiguousarray(values)
+        raw = arr.view(np.int64) if arr.dtype == np.uint64 else arr  # gloo has no uint64
+        sizes = torch.empty(w, dtype=torch.int64)
+        dist.all_gather_single(sizes, torch.tensor([arr.shape[0]], dtype=torch.int64), group=group)
+        m = int(sizes.max())
+        mine = torch.zeros((m, *arr.shape[1:]), dtype=torch.from_numpy(raw[:0]).dtype)
+        mine[: arr.shape[0]] = torch.from_numpy(raw)
+        every = torch.empty((w * m, *arr.shape[1:]), dtype=mine.dtype)
+        dist.all_gather_single(every, mine, group=group)
+        every = every.view(w, m, *arr.shape[1:])
+        out = np.concatenate([every[r, : int(sizes[r])].numpy() for r in range(w)])
+        return out.view(np.uint64) if arr.dtype == np.uint64 else out
+
+
+def parallelize(parts: Any, ctx: DistContext, cfg: Config) -> Any:
+    """Shard ``parts``' embedding collections over the job, wrap its dense model in DDP (in place; returned)."""
+    check_job(cfg, ctx)
+    parts.embeddings = ShardedEmbeddingCollection(parts.embeddings, ctx, cfg.dist)
+    if parts.wide is not None:
+        parts.wide = ShardedEmbeddingCollection(parts.wide, ctx, cfg.dist)
+    parts.ddp = DistributedDataParallel(parts.model, process_group=ctx.dense_group, forward_sync_buffers=False)
+    if parts.pruner is not None:
+        parts.pruner.job = JobSums(ctx)  # it keeps the shard's collection: its groups are this rank's rows
+    return parts
+
+
+def sharded_collections(parts: Any) -> list[ShardedEmbeddingCollection]:
+    return [c for c in (parts.embeddings, parts.wide) if isinstance(c, ShardedEmbeddingCollection)]

@@ -1,0 +1,200 @@
+"""RowStorage: the one interface of a table group's storage, and its optional capabilities.
+
+Every table group keeps its rows behind this interface, whatever their layout
+(whole rows, or chunked rows that pruning shortens) and placement (memory, or
+a bounded fast tier over host DRAM and disk):
+
+=================  =====================  ==============================
+layout \\ placement  memory                 tiers (cache / host / disk)
+=================  =====================  ==============================
+whole rows          ``TableGroup``         ``store.group.TieredGroup``
+chunked rows        ``PrunedGroup`` over   ``PrunedGroup`` over a
+                    a ``ChunkPool``        ``TieredChunkPool``
+=================  =====================  ==============================
+
+One factory (``tierec.storage.storage_factory``) decides which a table gets.
+Everything above the storage (the collection, the sharded collection and its
+hot-row replication, the store's pipeline and monitor, the pruner,
+checkpoints) uses only these methods:
+
+- ``lookup(keys, tabs, insert)``: find (or insert) unique ``(table, id)``
+  pairs; returns the storage's row numbers, valid until its next lookup;
+- ``pool(rows, layout, ...)``: gather those rows and pool them, with the
+  fused optimizer as the backward; ``gather(rows)``: the rows as ``[U, D]``;
+- ``update(rows, grad, accesses=None)``: the fused optimizer on unique rows
+  (``accesses``: how many ids of the batch each row served, for storages that
+  count them);
+- ``records_of`` / ``put_records``: whole row records (weights and optimizer
+  state, ``record_width`` floats) by ``(table, id)``, wherever they live, for
+  moves between tiers and ranks (hot-row replication);
+- ``iter_records`` / ``write_records`` (and ``table_meta`` / ``load_table_meta``):
+  a table's rows as named tensors, streamed in bounded chunks (checkpoints);
+  ``table_state`` / ``load_table_state``: the whole table at once;
+- bytes (``nbytes``, ``resident_nbytes``) and statistics (``rows_per_table``,
+  ``tier_stores``: the tiered stores behind it, for the store's monitor).
+
+Optional capabilities are separate small protocols, reached by asking the
+storage (``prefetcher()``, ``pruning()``), never by testing its class.
+
+>>> from tierec.embedding.group import TableGroup
+>>> from tierec.embedding.storage import RowStorage
+>>> from tierec.embedding.table import TableConfig
+>>> g: RowStorage = TableGroup([TableConfig(name="t", dim=4, features=["f"])])
+>>> g.prefetcher() is None and g.pruning() is None, g.record_width
+(True, 4)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tierec.config import OptimizerConfig
+from tierec.embedding.table import TableConfig
+
+
+class Prefetching(Protocol):
+    """A storage that can bring an upcoming batch's rows into its fast tier ahead of time."""
+
+    timers: dict[str, float]
+
+    def prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
+        """Bring the known rows of unique pairs up (never inserts or counts); returns rows moved."""
+        ...
+
+    def release_prefetched(self) -> None:
+        """Unpin rows prefetched for batches that will not come."""
+        ...
+
+
+class ChunkImportance(Protocol):
+    """A storage of chunked rows whose trailing chunks the pruner frees by importance."""
+
+    chunk: int
+    n_pos: int
+    pruned: np.ndarray
+    regrown: np.ndarray
+    evicted: np.ndarray
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def keep_scores(self, min_chunks: int, regrow: bool, margin: float) -> np.ndarray: ...
+
+    def tie_keys(self) -> np.ndarray: ...
+
+    def chunk_bytes(self) -> int: ...
+
+    def row_bytes(self) -> int: ...
+
+    def apply_counts(self, counts: np.ndarray) -> tuple[int, int]: ...
+
+    def decay_importance(self, factor: float) -> None: ...
+
+    def evict_empty_rows(self) -> int: ...
+
+    def maybe_compact(self, over_budget: bool, free_fraction: float) -> bool: ...
+
+    def full_value_bytes(self) -> int: ...
+
+    def pool_bytes(self) -> int: ...
+
+    def row_state_bytes(self) -> int: ...
+
+    def value_bytes(self) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+    def dim_histogram(self) -> np.ndarray: ...
+
+
+class RowStorage(Protocol):
+    """The storage of one table group (tables sharing dim and optimizer)."""
+
+    tables: list[TableConfig]
+    dim: int
+    optimizer: OptimizerConfig
+    seed: int
+    device: torch.device
+    step: int  # updates applied (Adam's bias correction)
+    record_width: int  # float32 per row record: weights, then every optimizer state flattened
+    counts_accesses: bool  # update() uses ``accesses`` (callers that sum gradients sum these too)
+
+    @property
+    def num_rows(self) -> int: ...
+
+    # -- rows of a batch
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor: ...
+
+    def gather(self, rows: np.ndarray) -> Tensor: ...
+
+    def pool(self, rows: np.ndarray, layout: Any, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor: ...
+
+    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None: ...
+
+    # -- whole records, by (table, id)
+    def records_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n] bool, records [n, record_width] float32; zeros where not found)."""
+        ...
+
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        """Insert or overwrite the rows of unique pairs with ``records`` [n, record_width]."""
+        ...
+
+    # -- tables as named tensors, streamed (checkpoints)
+    def iter_records(self, t: int, max_rows: int) -> Any: ...
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None: ...
+
+    def table_meta(self, t: int) -> dict[str, Tensor]: ...
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None: ...
+
+    def table_state(self, t: int) -> dict[str, Tensor]: ...
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None: ...
+
+    # -- bytes and statistics
+    def rows_per_table(self) -> np.ndarray: ...
+
+    def nbytes(self) -> int: ...
+
+    def resident_nbytes(self) -> int: ...
+
+    def tier_stores(self) -> list[Any]: ...
+
+    # -- optional capabilities
+    def prefetcher(self) -> Prefetching | None: ...
+
+    def pruning(self) -> ChunkImportance | None: ...
+
+    def close(self) -> None: ...
+
+
+# Table-state entries (``table_state`` output) by how shards of one table combine: one value per row
+# (concatenated in shard order, like the ids), event counts (summed), anything else (the same on every
+# shard, or a statistic of the first: the first shard's).
+_ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "store.freq", "store.last")
+_COUNT_ENTRIES = ("pruned_chunks", "regrown_chunks", "evicted_rows", "store.counters")
+
+
+def is_count_entry(key: str) -> bool:
+    """Whether a table-state entry is an event count (shards' values add up)."""
+    return key.endswith(tuple("." + e for e in _COUNT_ENTRIES))
+
+
+def combine_shards(key: str, values: list[Tensor]) -> Tensor:
+    """One table-state entry (``<table>.ids``, ``<table>.opt.sum``, ``<table>.chunked.weights``, ...) of
+    every shard, as one process's state would hold it."""
+    if key.endswith(tuple("." + e for e in _ROW_ENTRIES)) or ".opt." in key or ".chunked." in key:
+        return torch.cat(values)
+    if is_count_entry(key):
+        return torch.stack(values).sum(0)
+    return values[0]
+
+
+# builds the storage of the tables of one group: (tables, seed, device) -> storage
+StorageFactory = Callable[[list[TableConfig], int, "torch.device | str"], RowStorage]

@@ -1,0 +1,58 @@
+"""The one factory that decides each table group's storage: row layout x placement.
+
+- row layout: whole rows (``TableGroup``), or chunked rows that pruning shortens
+  (``PrunedGroup``) when ``prune`` is given;
+- placement: memory, or the tiers (fast cache / host DRAM / disk) when the
+  :class:`~tierec.store.plan.StorePlan` tiers the group's tables.
+
+Whole rows in the tiers are a ``TieredGroup``; chunked rows in the tiers are a
+``PrunedGroup`` over a ``TieredChunkPool``. Every result implements
+:class:`~tierec.embedding.storage.RowStorage`; nothing above the storage needs
+to know which it got.
+
+>>> from tierec.config import PruneConfig, StoreConfig
+>>> from tierec.embedding import TableConfig
+>>> from tierec.storage import storage_factory
+>>> from tierec.store.plan import StorePlan
+>>> tables = [TableConfig(name="t", dim=8, features=["f"])]
+>>> make = storage_factory(StorePlan(StoreConfig(), [tables]), PruneConfig(chunk=4))
+>>> type(make(tables, 0, "cpu")).__name__
+'PrunedGroup'
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tierec.config import PruneConfig
+from tierec.embedding.group import TableGroup
+from tierec.embedding.storage import RowStorage, StorageFactory
+from tierec.embedding.table import TableConfig
+from tierec.store.plan import StorePlan
+
+
+def storage_factory(plan: StorePlan, prune: PruneConfig | None = None) -> StorageFactory:
+    """``group_factory`` for an EmbeddingCollection: chunked rows when ``prune``, tiers where ``plan`` says."""
+
+    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> RowStorage:
+        tiered = plan.tiered(tables)
+        if prune is None:
+            if not tiered:
+                return TableGroup(tables, seed=seed, device=device)
+            from tierec.store.group import TieredGroup
+
+            return TieredGroup(tables, plan.spec_for(tables), seed=seed, device=device)
+        from tierec.prune.group import PrunedGroup, chunk_store_name
+        from tierec.prune.pruner import check_chunk_dim
+
+        check_chunk_dim(tables, prune)
+        pool = None
+        if tiered:
+            from tierec.prune.tiered_pool import TieredChunkPool
+
+            dim_state = PrunedGroup.dim_state_of(tables[0].optimizer, tables[0].dim)
+            kind = tables[0].optimizer.kind
+            pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), kind, seed=seed, name=chunk_store_name(tables))
+        return PrunedGroup(tables, prune, seed=seed, device=device, pool=pool)
+
+    return make

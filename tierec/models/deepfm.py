@@ -7,9 +7,7 @@
 - deep: MLP (``deep_mlp``) over ``[dense, flattened emb]`` and a 1-unit output.
 
 >>> import torch
->>> from torch import nn
-
-from tierec.config import ModelConfig
+>>> from tierec.config import ModelConfig
 >>> from tierec.models.deepfm import DeepFM
 >>> m = DeepFM(ModelConfig(name="deepfm", deep_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
 >>> m(torch.randn(5, 3), torch.randn(5, 4, 2), torch.randn(5, 4)).shape

@@ -15,18 +15,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from rel_helpers import TINY
+
 from tierec.cli import main
 from tierec.train.integrity import write_checksums
 
-TINY = [
-    "data.synthetic.train_rows=2048",
-    "data.synthetic.test_rows=512",
-    "data.synthetic.cardinality_scale=0.001",
-    "train.batch_size=256",
-    "embedding.dim=4",
-    "model.bottom_mlp=[8]",
-    "model.top_mlp=[8]",
-]
 REPO = Path(__file__).resolve().parents[2]
 
 

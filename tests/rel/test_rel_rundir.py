@@ -11,17 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tierec.cli import main
+from rel_helpers import TINY
 
-TINY = [
-    "data.synthetic.train_rows=2048",
-    "data.synthetic.test_rows=512",
-    "data.synthetic.cardinality_scale=0.001",
-    "train.batch_size=256",
-    "embedding.dim=4",
-    "model.bottom_mlp=[8]",
-    "model.top_mlp=[8]",
-]
+from tierec.cli import main
 
 
 def _train(run: Path, *extra: str, sets: list[str] = TINY) -> int:

@@ -30,6 +30,7 @@ from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
 from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
+from tierec.embedding.storage import record_chunks
 from tierec.embedding.table import TableConfig
 
 
@@ -257,11 +258,7 @@ class TableGroup:
 
     def iter_records(self, t: int, max_rows: int):
         """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
-        extent = self.row_extent()
-        for lo in range(0, extent, max(int(max_rows), 1)):
-            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
-            if rows.size:
-                yield self.records(t, rows)
+        return record_chunks(self, t, max_rows)
 
     def table_meta(self, t: int) -> dict[str, Tensor]:
         """Non-row state of table ``t`` (counters, clocks); none for a plain group."""

@@ -181,6 +181,19 @@ _ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "st
 _COUNT_ENTRIES = ("pruned_chunks", "regrown_chunks", "evicted_rows", "store.counters")
 
 
+def record_chunks(storage: Any, t: int, max_rows: int):
+    """Row records of table ``t`` of a storage in chunks of at most ``max_rows`` rows (row order).
+
+    Uses only the storage's ``row_extent``, ``rows_of`` and ``records``, so every row layout shares it.
+    """
+    extent = storage.row_extent()
+    step = max(int(max_rows), 1)
+    for lo in range(0, extent, step):
+        rows = storage.rows_of(t, lo, min(lo + step, extent))
+        if rows.size:
+            yield storage.records(t, rows)
+
+
 def is_count_entry(key: str) -> bool:
     """Whether a table-state entry is an event count (shards' values add up)."""
     return key.endswith(tuple("." + e for e in _COUNT_ENTRIES))

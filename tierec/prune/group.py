@@ -43,6 +43,7 @@ from tierec.embedding import kernels as engine_kernels
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
+from tierec.embedding.storage import record_chunks
 from tierec.embedding.table import TableConfig
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
@@ -536,11 +537,7 @@ class PrunedGroup:
 
     def iter_records(self, t: int, max_rows: int):
         """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
-        extent = self.row_extent()
-        for lo in range(0, extent, max(int(max_rows), 1)):
-            rows = self.rows_of(t, lo, min(lo + max_rows, extent))
-            if rows.size:
-                yield self.records(t, rows)
+        return record_chunks(self, t, max_rows)
 
     def table_state(self, t: int) -> dict[str, Tensor]:
         """The whole table ``t`` at once: its meta and the records of all its rows."""

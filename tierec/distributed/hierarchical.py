@@ -17,8 +17,12 @@ untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
 - ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
   communication hook; ``average``: DDP inside the group and a ``DenseAverager``
   across groups;
+- ``apply``: both on a run's components (``parallelize`` calls it);
 - ``after_step``: ``average`` syncs rows and dense parameters every
-  ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints.
+  ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints;
+- ``save``: a checkpoint of one replica: group 0's ranks write their shards
+  (the format of any sharded checkpoint, ``world_size`` = g), so it loads on any
+  world size and any mesh; ``resumed_at`` after a load.
 
 Traffic: the collections count inside-group kinds as before and cross-group
 ones under ``cross/``; ``traffic`` here counts the dense part's.
@@ -33,8 +37,10 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import ConfigError, DistConfig
@@ -63,7 +69,7 @@ class Hierarchical:
 
     @staticmethod
     def shape(ctx: DistContext, cfg: DistConfig) -> MeshShape:
-        return MeshShape.resolve(cfg.group_size, world=ctx.world_size, local_world=ctx.local_world_size)
+        return MeshShape.resolve(cfg.group_size, world=ctx.world_size)
 
     @staticmethod
     def build(ctx: DistContext, cfg: DistConfig) -> Hierarchical | None:
@@ -103,6 +109,13 @@ class Hierarchical:
         self.collections.append(coll)
         return coll
 
+    def apply(self, parts: Any) -> None:
+        """Shard ``parts``' embedding collections over the rank's group and wrap its dense model (in place)."""
+        parts.embeddings = self.shard_collection(parts.embeddings)
+        if parts.wide is not None:
+            parts.wide = self.shard_collection(parts.wide)
+        parts.ddp = self.wrap_dense(parts.model)
+
     def wrap_dense(self, model: nn.Module) -> DistributedDataParallel:
         c = codec(self.cfg.compress)
         if self.gradients:
@@ -131,6 +144,24 @@ class Hierarchical:
         if self.dense is not None:
             self.dense.sync()
         self.synced_at = self.steps
+
+    def resumed_at(self, step: int) -> None:
+        """After loading a checkpoint (the same on every replica): the sync schedule and anchors restart from it."""
+        self.steps = self.synced_at = step
+        for a in self.averagers:
+            a.forget()
+        if self.dense is not None:
+            self.dense.reanchor()
+
+    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], rows: Any) -> None:
+        """A checkpoint of one replica: group 0's ranks write their shards (replicas agree: synced first). Collective."""
+        from tierec.distributed.checkpoint import save_sharded
+
+        self.sync_now()
+        if self.hier.replica == 0:
+            mesh = {"group_size": self.hier.shape.group_size, "replicas": self.hier.shape.replicas}
+            save_sharded(self.group_ctx, ckpt_dir, step, tensors, {**meta, "mesh": mesh}, rows=rows)
+        self.ctx.barrier()  # every replica sees it published
 
     def bytes_per_step(self) -> dict[str, float]:
         """Bytes per step this rank sent inside its group and across groups (embeddings and dense part)."""

@@ -122,6 +122,12 @@ class RowAverager:
             self._rows.append(new)
             self._anchors.append(self.records(torch.from_numpy(new)))
 
+    def forget(self) -> None:
+        """Drop the anchors (after a checkpoint is loaded: its rows are every replica's last synced values)."""
+        if self._rows:
+            self._slot[np.concatenate(self._rows)] = -1
+        self._rows, self._anchors = [], []
+
     def sync(self) -> int:
         """Average the touched rows across replicas; returns the rows of the union. Collective."""
         rows = torch.from_numpy(np.concatenate(self._rows)) if self._rows else torch.zeros(0, dtype=torch.int64)

@@ -43,7 +43,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tierec.config import ConfigError, DistConfig
+from tierec.config import DistConfig
 from tierec.distributed.codecs import codec
 from tierec.distributed.context import DistContext
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
@@ -76,9 +76,6 @@ class Hierarchical:
         """The mesh of a job with more than one group (a collective); None for a flat job."""
         if not ctx.is_distributed or Hierarchical.shape(ctx, cfg).is_flat:
             return None
-        if cfg.cross_group == "average" and cfg.hot_rows:
-            raise ConfigError("dist.hot_rows with dist.cross_group = average is not supported: "
-                              "set dist.hot_rows = 0 or dist.cross_group = gradients")
         return Hierarchical(ctx=ctx, hier=Hierarchy.build(ctx, cfg.group_size), cfg=cfg)
 
     @property
@@ -180,14 +177,14 @@ class _GradientStep:
     def __init__(self, sync: RowGradientSync) -> None:
         self.sync = sync
 
-    def __call__(self, rows, grad):
-        return self.sync.reduce(rows, grad)
+    def __call__(self, keys, tabs, rows, grad, accesses):
+        return self.sync.reduce(keys, tabs, grad, accesses)
 
 
 class _AverageStep:
     def __init__(self, averager: RowAverager) -> None:
         self.averager = averager
 
-    def __call__(self, rows, grad):
-        self.averager.touch(rows)
-        return rows, grad
+    def __call__(self, keys, tabs, rows, grad, accesses):
+        self.averager.touch(keys, tabs)
+        return rows, grad, accesses

@@ -5,8 +5,7 @@ delegates to one ``Job`` the few things that depend on it: building the
 components (:func:`~tierec.distributed.parallelize.parallelize` on several
 processes), this process's slice of a global batch (and starting the next
 batch's id exchange), the loss scale and the job's mean loss, evaluation (each
-process scores its slice), footprints summed over the job, checkpoints (one
-file, or one shard per rank), and the heartbeat that names a lost rank. With
+process scores its slice), footprints summed over the job, and the heartbeat that names a lost rank. With
 one process every piece is the plain one.
 
 >>> from tierec.config import load_config
@@ -21,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -149,33 +147,6 @@ class Job:
         t = torch.tensor([parts.embedding_rows(), parts.embedding_bytes()], dtype=torch.int64)
         dist.all_reduce(t, group=self.ctx.dense_group)
         return {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size}
-
-    # ------------------------------------------------------------ checkpoints
-
-    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], rows: Any, save_one: Callable) -> None:
-        """``save_one`` on one process; several: every rank writes its own rows (``rows``: streamed chunks)."""
-        if not self.distributed:
-            save_one(ckpt_dir, step, tensors, meta, rows=rows)
-            return
-        from tierec.distributed.checkpoint import save_sharded
-
-        save_sharded(self.ctx, ckpt_dir, step, tensors, meta, rows=rows)
-
-    def load_sharded(self, ckpt: Path, restore: Callable, load_rows: Callable) -> dict[str, Any]:
-        """Restore a checkpoint of the previous sharded format: every shard's rows go to their owners. Its meta."""
-        from tierec.distributed.checkpoint import checkpoint_meta, iter_shards, load_any
-
-        if not self.distributed:
-            tensors, meta = load_any(ckpt)
-            restore(tensors, meta["state"])
-            return meta
-        meta = checkpoint_meta(ckpt)
-        for i, shard in enumerate(iter_shards(ckpt)):
-            if i == 0:
-                restore(shard, meta["state"])
-            else:
-                load_rows(shard)
-        return meta
 
     def close(self) -> None:
         """Wait out id exchanges that no forward will use (before leaving the job)."""

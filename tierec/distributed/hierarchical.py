@@ -20,9 +20,8 @@ untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
 - ``apply``: both on a run's components (``parallelize`` calls it);
 - ``after_step``: ``average`` syncs rows and dense parameters every
   ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints;
-- ``save``: a checkpoint of one replica: group 0's ranks write their shards
-  (the format of any sharded checkpoint, ``world_size`` = g), so it loads on any
-  world size and any mesh; ``resumed_at`` after a load.
+- ``resumed_at`` after a checkpoint is loaded (checkpoints hold one replica:
+  group 0's ranks write them, ``job.Job.checkpoint_writers``).
 
 Traffic: the collections count inside-group kinds as before and cross-group
 ones under ``cross/``; ``traffic`` here counts the dense part's.
@@ -37,10 +36,9 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import DistConfig
@@ -149,16 +147,6 @@ class Hierarchical:
             a.forget()
         if self.dense is not None:
             self.dense.reanchor()
-
-    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], rows: Any) -> None:
-        """A checkpoint of one replica: group 0's ranks write their shards (replicas agree: synced first). Collective."""
-        from tierec.distributed.checkpoint import save_sharded
-
-        self.sync_now()
-        if self.hier.replica == 0:
-            mesh = {"group_size": self.hier.shape.group_size, "replicas": self.hier.shape.replicas}
-            save_sharded(self.group_ctx, ckpt_dir, step, tensors, {**meta, "mesh": mesh}, rows=rows)
-        self.ctx.barrier()  # every replica sees it published
 
     def bytes_per_step(self) -> dict[str, float]:
         """Bytes per step this rank sent inside its group and across groups (embeddings and dense part)."""

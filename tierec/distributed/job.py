@@ -5,15 +5,15 @@ delegates to one ``Job`` the few things that depend on it: building the
 components (:func:`~tierec.distributed.parallelize.parallelize` on several
 processes), this process's slice of a global batch (and starting the next
 batch's id exchange), the loss scale and the job's mean loss, evaluation (each
-process scores its slice), footprints summed over the job, checkpoints (one
-file, or one shard per rank; on a mesh one replica), the bytes each rank
+process scores its slice), footprints summed over the job, the bytes each rank
 sends inside its group and across groups, and the heartbeat that names a lost
 rank. With one process every piece is the plain one.
 
 On a 2-D mesh (``dist.group_size``, Hierarchical Training) the embeddings are
 sharded over the rank's group (``shard_ctx``), ``after_step`` runs the
-cross-group averaging of ``dist.cross_group = "average"``, and ``settle``
-brings the replicas together before an evaluation or a checkpoint.
+cross-group averaging of ``dist.cross_group = "average"``, ``settle`` brings
+the replicas together before an evaluation, and ``checkpoint_writers`` makes
+a checkpoint one replica's (group 0's ranks write).
 
 >>> from tierec.config import load_config
 >>> from tierec.distributed.job import Job
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -204,33 +203,27 @@ class Job:
 
     # ------------------------------------------------------------ checkpoints
 
-    def save(self, ckpt_dir: Path, step: int, tensors: dict[str, Tensor], meta: dict[str, Any], rows: Any, save_one: Callable) -> None:
-        """``save_one`` on one process; several: every rank writes its own rows (``rows``: streamed chunks)."""
-        if not self.distributed:
-            save_one(ckpt_dir, step, tensors, meta, rows=rows)
-            return
-        if self.mesh is not None:  # one replica: group 0's shards
-            self.mesh.save(ckpt_dir, step, tensors, meta, rows)
-            return
-        from tierec.distributed.checkpoint import save_sharded
+    def checkpoint_writers(self) -> DistContext | None:
+        """The ranks that write a checkpoint, as the ``ctx`` of ``save_checkpoint`` (every rank calls this).
 
-        save_sharded(self.ctx, ckpt_dir, step, tensors, meta, rows=rows)
+        The job's own; on a mesh one replica: the replicas agree first (``average``: synced now), then
+        group 0's ranks write as a job of g ranks and the other ranks get None (they write nothing).
+        """
+        if self.mesh is None:
+            return self.ctx
+        self.mesh.sync_now()
+        return self.mesh.group_ctx if self.mesh.hier.replica == 0 else None
 
-    def load_sharded(self, ckpt: Path, restore: Callable, load_rows: Callable) -> dict[str, Any]:
-        """Restore a checkpoint of the previous sharded format: every shard's rows go to their owners. Its meta."""
-        from tierec.distributed.checkpoint import checkpoint_meta, iter_shards, load_any
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint's meta records of the job's shape: the mesh it was saved on, if any."""
+        if self.mesh is None:
+            return {}
+        return {"mesh": {"group_size": self.mesh.hier.shape.group_size, "replicas": self.mesh.hier.shape.replicas}}
 
-        if not self.distributed:
-            tensors, meta = load_any(ckpt)
-            restore(tensors, meta["state"])
-            return meta
-        meta = checkpoint_meta(ckpt)
-        for i, shard in enumerate(iter_shards(ckpt)):
-            if i == 0:
-                restore(shard, meta["state"])
-            else:
-                load_rows(shard)
-        return meta
+    def checkpoint_written(self) -> None:
+        """After ``save_checkpoint`` on the writers: on a mesh every replica waits until it is published."""
+        if self.mesh is not None:
+            self.ctx.barrier()
 
     def close(self) -> None:
         """Wait out id exchanges that no forward will use (before leaving the job)."""

@@ -34,7 +34,6 @@ from tqdm import tqdm
 from tierec.batch import Batch
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
-from tierec.distributed.checkpoint import is_sharded
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
@@ -44,6 +43,7 @@ from tierec.train.components import Components
 from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
+from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tomli_w import dumps as dump_toml
@@ -346,15 +346,20 @@ class Trainer:
         return probe.num_batches * t.epochs
 
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
-        tensors, skeleton = snapshot_state(parts)
-        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        self.job.save(ckpt_dir, pos.step, tensors, meta, row_chunks(parts), save_checkpoint)  # rows streamed in chunks
+        # rows streamed in chunks; on several processes every rank writes its own (a collective);
+        # on a mesh of groups one replica (synced first): group 0's ranks
+        writers = self.job.checkpoint_writers()
+        if writers is not None:
+            tensors, skeleton = snapshot_state(parts)
+            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+            save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=writers)
+        self.job.checkpoint_written()
 
     def _restore_from(self, parts: Components, ckpt: Path) -> dict:
         """Restore a checkpoint of any world size; each process keeps the rows it owns."""
         ctx = self.job.shard_ctx  # on a mesh: the rank's group (each replica loads every row)
         if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
-            return self.job.load_sharded(ckpt, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
+            return restore_sharded(ckpt, ctx, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
         loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
         restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
         return loaded.meta

@@ -16,13 +16,15 @@ from tierec.train.launch import LOST_RANK_STATUS
 from tierec.train.trainer import Trainer
 
 MESH = ["dist.group_size=2"]
+# DeepFM (wide tables too) with hot rows, which the mesh replicates in every group
+BASE = SMALL + ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01"]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """One process, 12 steps: what the 2x2 runs in gradients mode, uncompressed, must reproduce."""
     run = tmp_path_factory.mktemp("ref")
-    Trainer(load_config(None, SMALL), run).fit()
+    Trainer(load_config(None, BASE), run).fit()
     return run
 
 
@@ -32,7 +34,7 @@ def _records(run: Path, kind: str) -> list[dict]:
 
 def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path) -> None:
     args = ["train", "--nproc", "4", "--run-dir", str(tmp_path), "--no-progress"]
-    for o in SMALL + MESH + ["train.eval_every=6"]:
+    for o in BASE + MESH + ["train.eval_every=6"]:
         args += ["--set", o]
     assert main(args) == 0
     compare_runs(reference, tmp_path)  # rows and optimizer state, dense weights, test AUC / logloss, loss
@@ -51,7 +53,7 @@ def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path) 
 def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, reference: Path) -> None:
     # rank 3 dies before step 8: rank 2 shares its group ("shard" dimension), rank 1 its shard's replica
     # group ("replica" dimension); each names it as a flat job does, and every rank exits 3
-    over = SMALL + MESH + ["train.checkpoint_every=5", "dist.heartbeat_s=0.2", "dist.timeout_s=30"]
+    over = BASE + MESH + ["train.checkpoint_every=5", "dist.heartbeat_s=0.2", "dist.timeout_s=30"]
     run = tmp_path / "mesh"
     codes = spawn(train_worker, 4, (over, str(run), False), env={"TIEREC_TEST_FAIL_AT": "3:8"}, check=False,
                   log_dir=tmp_path, timeout_s=120)
@@ -73,20 +75,19 @@ def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, r
     compare_runs(reference, tmp_path / "one")
 
 
-def test_int8_and_average_every_4_keep_the_auc(tmp_path: Path, reference: Path) -> None:
-    # The smallest runs that show it; the synthetic default's figures are in docs/distributed.md.
-    # int8 with error feedback: the 12 steps of the reference. Averaging every 4 steps costs AUC early in
-    # training (rows one group alone touched move half as far under an adaptive optimizer): 0.009 at 12
-    # steps, 0.004 at 24 steps of 1024, 0.0012 at 48 steps of 512 (measured), so that one runs 48 steps.
+def test_int8_and_average_every_4_keep_the_auc(tmp_path: Path) -> None:
+    # The smallest runs that show it (DLRM, 48 steps of 512); the synthetic default's figures are in
+    # docs/distributed.md. Averaging every 4 steps costs AUC early in training (rows one group alone
+    # touched move half as far under an adaptive optimizer): 0.009 at 12 steps, 0.004 at 24 steps of
+    # 1024, 0.0012 at 48 steps of 512 (measured against one process).
     from hier_workers import train_runs_worker
 
     longer = SMALL + ["data.synthetic.train_rows=24576"]
-    Trainer(load_config(None, longer), tmp_path / "flat48").fit()  # = the flat run (tests above)
-    runs = [(SMALL + MESH + ["dist.compress=int8"], str(tmp_path / "int8")),
-            (longer + MESH + ["dist.cross_group=average", "dist.sync_every=4"], str(tmp_path / "avg4"))]
-    spawn(train_runs_worker, 4, (runs,), timeout_s=300)
-    for name, ref_dir in (("int8", reference), ("avg4", tmp_path / "flat48")):
-        ref = json.loads((ref_dir / "summary.json").read_text())
+    Trainer(load_config(None, longer), tmp_path / "flat").fit()  # = the flat run and 2x2 uncompressed (tests above)
+    variants = {"int8": ["dist.compress=int8"], "avg4": ["dist.cross_group=average", "dist.sync_every=4"]}
+    spawn(train_runs_worker, 4, ([(longer + MESH + v, str(tmp_path / n)) for n, v in variants.items()],), timeout_s=300)
+    ref = json.loads((tmp_path / "flat" / "summary.json").read_text())
+    for name in variants:
         got = json.loads((tmp_path / name / "summary.json").read_text())
         assert abs(got["test_auc"] - ref["test_auc"]) < 0.002, (name, got["test_auc"], ref["test_auc"])
         assert got["test_auc"] != ref["test_auc"]  # lossy / looser: not the same run

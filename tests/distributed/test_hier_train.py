@@ -32,7 +32,7 @@ def _records(run: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
-def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path) -> None:
+def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path, capsys) -> None:
     args = ["train", "--nproc", "4", "--run-dir", str(tmp_path), "--no-progress"]
     for o in BASE + MESH + ["train.eval_every=6"]:
         args += ["--set", o]
@@ -48,6 +48,10 @@ def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path) 
     train = _records(tmp_path, "train")
     assert train and all(r["bytes_inside_per_step"] > 0 and r["bytes_across_per_step"] > 0 for r in train)
     assert [(r["split"], r["step"]) for r in _records(tmp_path, "eval")] == [("validation", 6), ("validation", 12), ("test", 12)]
+    capsys.readouterr()  # `tierec eval` on one process reads the one-replica checkpoint
+    assert main(["eval", str(tmp_path / "checkpoints")]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-4)
 
 
 def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, reference: Path) -> None:

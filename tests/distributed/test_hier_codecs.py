@@ -134,3 +134,15 @@ def test_no_rows(name: str) -> None:
     k, t, s = replica_sum_rows(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), torch.zeros(0, 4), c,
                                RowResiduals(4), None)
     assert k.shape == (0,) and s.shape == (0, 4)
+
+
+def test_a_multi_node_flat_job_says_how_to_make_a_group_per_node() -> None:
+    from tierec.config import load_config
+    from tierec.distributed import DistContext
+    from tierec.distributed.job import Job
+
+    two_nodes = Job(load_config(None), DistContext(rank=0, world_size=4, local_world_size=2))
+    assert two_nodes.layout() == ("4 processes on 2 nodes as one group; dist.group_size = 2 would make a group "
+                                  "per node (docs/distributed.md)")
+    assert Job(load_config(None), DistContext(rank=0, world_size=4, local_world_size=4)).layout() == ""
+    assert Job(load_config(None)).layout() == ""

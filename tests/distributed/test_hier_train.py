@@ -66,6 +66,7 @@ def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, r
         err = (tmp_path / f"rank{r}.log").read_text()
         assert f"tierec: error: rank {r}: lost rank 3 (no heartbeat)" in err, err[-2000:]
     err = (tmp_path / "rank0.log").read_text()
+    assert "4 processes as 2 groups of 2 (dist.group_size = 2): dist.cross_group = gradients" in err
     assert "tierec: error: rank 0: lost rank" in err and "3" in err.split("lost rank", 1)[1].split("(")[0], err[-2000:]
     # the checkpoint of step 5 is one replica: group 0's two shards
     ckpt = run / "checkpoints" / "step_00000005"

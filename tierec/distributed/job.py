@@ -72,6 +72,21 @@ class Job:
         self._parts = parts
         return parts
 
+    def layout(self) -> str:
+        """One line on how the processes are grouped ("" on one process or one node without a mesh)."""
+        ctx, cfg = self.ctx, self.cfg.dist
+        if self.mesh is not None:
+            shape = self.mesh.hier.shape
+            return (f"{ctx.world_size} processes as {shape.replicas} groups of {shape.group_size} "
+                    f"(dist.group_size = {shape.group_size}): dist.cross_group = {cfg.cross_group}"
+                    + (f" every {cfg.sync_every} steps" if cfg.cross_group == "average" else "")
+                    + f", dist.compress = {cfg.compress}")
+        nodes = ctx.world_size // max(ctx.local_world_size, 1)
+        if self.distributed and nodes > 1 and ctx.world_size % ctx.local_world_size == 0:
+            return (f"{ctx.world_size} processes on {nodes} nodes as one group; dist.group_size = "
+                    f"{ctx.local_world_size} would make a group per node (docs/distributed.md)")
+        return ""
+
     @property
     def shard_ctx(self) -> DistContext:
         """The ranks the embeddings are sharded over: this rank's group on a mesh, else the job."""

@@ -270,7 +270,10 @@ class Trainer:
     def _build(self, probe) -> Components:
         """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
         parts = Components.build(self.job.process_config(), probe.feature_names, probe.n_dense)
-        return self.job.parallelize(parts)
+        parts = self.job.parallelize(parts)
+        if self.job.layout():
+            self.echo(self.job.layout())
+        return parts
 
     def _batches(self, loader: BackgroundLoader):
         return self.job.batches(loader)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +148,38 @@ def train_worker(ctx: DistContext, overrides: list[str], run_dir: str, resume: b
     from tierec.distributed.launch import train_in_job
 
     train_in_job(ctx, load_config(None, overrides), Path(run_dir), resume=resume)
+
+
+class StopAtStep:
+    """A SIGTERM that arrives during step ``n`` (what a scheduler sends), for ``Trainer.stop``.
+
+    The loop reads ``requested`` once after each step (all ranks of a job agree on it);
+    the run then saves a checkpoint at step ``n`` and ends with ``Interrupted``.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n, self.reads = n, 0
+
+    @property
+    def requested(self) -> int | None:
+        self.reads += 1
+        return int(signal.SIGTERM) if self.reads >= self.n else None
+
+
+def interrupted_worker(ctx: DistContext, overrides: list[str], run_dir: str, stop_at: int) -> None:
+    """One rank of `tierec train` that is interrupted (SIGTERM) during step ``stop_at``: it saves and stops."""
+    from tierec.config import load_config
+    from tierec.train.stopping import Interrupted
+    from tierec.train.trainer import Trainer
+
+    trainer = Trainer(load_config(None, overrides), Path(run_dir), ctx=ctx)
+    trainer.stop = StopAtStep(stop_at)
+    try:
+        trainer.fit()
+    except Interrupted:
+        trainer.close()
+        return
+    raise AssertionError(f"the run was not interrupted at step {stop_at}")
 
 
 def compare_runs(a_dir: Path, b_dir: Path, *, atol: float = 2e-5) -> None:

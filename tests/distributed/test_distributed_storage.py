@@ -1,21 +1,25 @@
 """Every storage on several processes: tiered, pruned and tiered-and-pruned tables give one process's numbers.
 
 On the same global batches, 2 processes end with the same rows, optimizer state,
-row dims and metrics as one process. (Resuming pruned tables at another world
-size does not match an uninterrupted run yet: docs/distributed.md.) Each process tiers its shard with its own
-``store`` budget and its own directory under ``store.disk_path``; pruning's
-budget and threshold are job-wide.
+row dims and metrics as one process: the sharded collection over each storage,
+and the whole trainer on 2 and 4 processes. A run with tiered and pruned tables
+interrupted on 4 processes resumes on 2 and on 1 to the uninterrupted run's end.
+Each process tiers its shard with its own ``store`` budget and its own directory
+under ``store.disk_path``; pruning's budget and threshold are job-wide.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from dist_workers import FEATURES, SMALL, compare_rows, compare_runs, make_batches, make_tables, merge_shards, train_worker
+from dist_workers import (
+    FEATURES, SMALL, compare_rows, compare_runs, interrupted_worker, make_batches, make_tables, merge_shards, train_worker,
+)
 from tierec.config import ConfigError, DistConfig, PruneConfig, StoreConfig, load_config
 from tierec.distributed import DistContext, ShardedEmbeddingCollection
 from tierec.distributed.data import slice_bounds, slice_sparse
@@ -29,7 +33,7 @@ from tierec.train.trainer import Trainer
 
 # Most rows on disk: a small fast tier (per process), no host tier; pruning to a quarter, job-wide.
 TIERED = ["store.enabled=true", "store.cache_size=48KiB", "store.host_size=8KiB"]
-PRUNED = ["prune.enabled=true", "prune.chunk=2", "prune.every=4", "prune.target_ratio=4.0", "prune.final_prune=false"]
+PRUNED = ["prune.enabled=true", "prune.chunk=2", "prune.every=4", "prune.target_ratio=4.0"]
 
 # ------------------------------------------------------------------ collections
 
@@ -131,3 +135,59 @@ def test_a_bad_combination_is_one_line_naming_the_keys() -> None:
     with pytest.raises(ConfigError, match=r"dist\.hot_rows .*prune\.enabled"):
         check_job(cfg, DistContext.single())
     check_job(load_config(None, PRUNED + TIERED), DistContext.single())  # the combination the docs describe
+
+
+def _store_summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_tiered_trainer_with_prefetch_and_hot_rows_on_2_and_4_matches_one_process(tmp_path: Path) -> None:
+    # deepfm (first-order "wide" tables too), most rows on disk, prefetch pipeline, hot rows over tiered shards;
+    # fp32 (SMALL): under bf16 autocast W ranks' partial sums round differently, with any storage.
+    # Each of W processes gets 1/W of the fast tier (store sizes are per process).
+    over = SMALL + [
+        "data.synthetic.train_rows=1536", "data.synthetic.test_rows=512", "data.synthetic.cardinality_scale=0.002",
+        "train.batch_size=128", "model.name=deepfm",
+        "store.enabled=true", "store.host_size=0", "store.interval=5", "store.prefetch=true",
+        "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01",
+    ]  # fmt: skip
+    for d in ("d1", "d2", "d4"):
+        (tmp_path / d).mkdir()
+
+    def tiers(w: int) -> list[str]:
+        return over + [f"store.cache_size={48 // w}KiB", f"store.disk_path={tmp_path / f'd{w}'}"]
+
+    Trainer(load_config(None, tiers(1)), tmp_path / "one").fit()
+    for w in (2, 4):
+        spawn(train_worker, w, (tiers(w), str(tmp_path / f"w{w}"), False))
+        compare_runs(tmp_path / "one", tmp_path / f"w{w}")
+        assert sorted(p.name for p in (tmp_path / f"d{w}").iterdir()) == [f"rank-{r}" for r in range(w)]
+        store = _store_summary(tmp_path / f"w{w}")["store"]  # rank 0's tiers: most rows on disk, some prefetched
+        assert store["rows_disk"] > store["rows_cache"] and store["pipeline"]["prefetched_rows"] > 0, store
+
+
+def test_tiered_and_pruned_interrupted_at_4_resume_at_2_and_at_1(tmp_path: Path) -> None:
+    # prune.final_prune stays on: the uninterrupted run prunes once more at its end, the interrupted one
+    # saves its state at step 5 as it is (docs/pruning.md, "Final prune").
+    # Each of W processes gets 1/W of the fast tier (store sizes are per process).
+    over = SMALL + TIERED + PRUNED
+    for d in ("ref", "disk"):
+        (tmp_path / d).mkdir()
+    Trainer(load_config(None, over + [f"store.disk_path={tmp_path / 'ref'}"]), tmp_path / "reference").fit()
+    over = over + [f"store.disk_path={tmp_path / 'disk'}"]
+
+    def tiers(w: int) -> list[str]:
+        return over + [f"store.cache_size={48 // w}KiB", f"store.host_size={8 // w}KiB"]
+
+    spawn(interrupted_worker, 4, (tiers(4), str(tmp_path / "two"), 5))
+    ckpt = tmp_path / "two" / "checkpoints" / "step_00000005"
+    assert json.loads((ckpt / "meta.json").read_text())["_checkpoint"]["world_size"] == 4
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == [f"rank-{r}" for r in range(4)]
+    shutil.copytree(tmp_path / "two", tmp_path / "one")
+    spawn(train_worker, 2, (tiers(2), str(tmp_path / "two"), True))  # ... resumed on 2 to the end
+    compare_runs(tmp_path / "reference", tmp_path / "two")
+    Trainer(load_config(None, tiers(1)), tmp_path / "one", resume=True).fit()  # ... and on 1
+    compare_runs(tmp_path / "reference", tmp_path / "one")
+    summary = _store_summary(tmp_path / "two")
+    assert summary["world_size"] == 2 and summary["prune"]["pruned_chunks"] > 0
+    assert summary["store"]["rows_disk"] > 0 and summary["store"]["disk_read_rows"] > 0  # rank 0's chunks, on its disk

@@ -131,7 +131,10 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: dict[str,
     """One safetensors file, synced; a full disk is a DiskFullError naming the file and its bytes."""
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
     with naming_disk_full(path, needed, "the checkpoint file"):
-        save_file(tensors, path, metadata=metadata)
+        if metadata is None:
+            save_file(tensors, path)
+        else:
+            save_file(tensors, path, metadata=metadata)
         fsync_file(path)
 
 

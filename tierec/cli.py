@@ -79,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
     preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
-        from tierec.distributed.launch import run_train
+        from tierec.train.launch import run_train
 
         return run_train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, argv=args.argv,
                          report=_print_summary)  # fmt: skip
@@ -125,7 +125,7 @@ def _checkpoint_path(path: str, last: bool) -> str:
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     from tierec.config import apply_override
     from tierec.data import open_source
-    from tierec.distributed.checkpoint import is_sharded, load_any, resolve_checkpoint
+    from tierec.train.sharded_checkpoint import is_sharded, load_any, resolve_checkpoint
     from tierec.train.checkpoint import Checkpoint, find_checkpoint
     from tierec.train.components import Components
     from tierec.train.state import restore_checkpoint, restore_state

@@ -570,6 +570,25 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def flatten_dict(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as ``{dotted.key: value}``."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten_dict(v, f"{prefix}.{k}" if prefix else k))
+    return out
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> str | None:
+    """The first dotted key (sorted) whose value differs between two nested dicts, or None."""
+    fa, fb = flatten_dict(a), flatten_dict(b)
+    for key in sorted(set(fa) | set(fb)):
+        if key not in ignore and fa.get(key) != fb.get(key):
+            return key
+    return None
+
+
 def _parse_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]

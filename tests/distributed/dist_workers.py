@@ -145,7 +145,7 @@ SMALL = [
 def train_worker(ctx: DistContext, overrides: list[str], run_dir: str, resume: bool) -> None:
     """One rank of `tierec train` (what torchrun would run), started by `spawn`."""
     from tierec.config import load_config
-    from tierec.distributed.launch import train_in_job
+    from tierec.train.launch import train_in_job
 
     train_in_job(ctx, load_config(None, overrides), Path(run_dir), resume=resume)
 
@@ -186,7 +186,7 @@ def compare_runs(a_dir: Path, b_dir: Path, *, atol: float = 2e-5) -> None:
     """Two runs' final checkpoints (either kind) hold the same rows, dense weights and metrics."""
     import json
 
-    from tierec.distributed.checkpoint import load_any
+    from tierec.train.sharded_checkpoint import load_any
 
     a, _ = load_any(a_dir / "checkpoints")
     b, _ = load_any(b_dir / "checkpoints")

@@ -12,8 +12,9 @@ import pytest
 from dist_workers import SMALL, compare_runs, train_worker
 from tierec.cli import main
 from tierec.config import DistConfig, load_config
-from tierec.distributed.checkpoint import load_any
-from tierec.distributed.launch import LOST_RANK_STATUS, spawn
+from tierec.train.sharded_checkpoint import load_any
+from tierec.distributed.launch import spawn
+from tierec.train.launch import LOST_RANK_STATUS
 from tierec.train.trainer import Trainer
 
 

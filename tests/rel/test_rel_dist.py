@@ -16,7 +16,7 @@ from rel_helpers import TINY
 
 from tierec.cli import main
 from tierec.config import load_config
-from tierec.distributed.checkpoint import load_any
+from tierec.train.sharded_checkpoint import load_any
 from tierec.distributed.launch import spawn
 from tierec.train.trainer import Trainer
 

@@ -21,8 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tierec.config import Config, ConfigError, to_dict
-from tierec.train.rundir import first_difference, flatten_dict
+from tierec.config import Config, ConfigError, first_difference, flatten_dict, to_dict
 
 # Keys that may differ between ranks: what is printed and the local thread count.
 RANK_SPECIFIC = ("train.progress", "train.threads", "data.prefetch_batches")

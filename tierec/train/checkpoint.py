@@ -60,7 +60,7 @@ import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -71,6 +71,9 @@ from torch import Tensor
 from tierec.errors import naming_disk_full
 from tierec.paths import quote
 from tierec.train.integrity import verify_checksums, write_checksums
+
+if TYPE_CHECKING:
+    from tierec.distributed.context import DistContext
 
 TENSORS_FILE = "tensors.safetensors"  # rank 0's non-row state (dense model, optimizer, RNG, embedding meta)
 META_FILE = "meta.json"
@@ -202,6 +205,7 @@ def save_checkpoint(
     meta: Mapping[str, Any],
     keep: int | None = 2,
     rows: RowChunks = (),
+    ctx: DistContext | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically, point ``latest`` at it, prune old ones.
 
@@ -209,16 +213,32 @@ def save_checkpoint(
     streams ``(label, records)`` chunks, each written to its own file as it
     comes. Pruning keeps the ``keep`` highest-numbered checkpoints and always
     the one just written (``keep=None`` keeps all). Returns the checkpoint directory.
+
+    With ``ctx`` of several processes it is a collective: every rank passes its
+    own non-row tensors and row chunks and writes them into the hidden directory
+    (which must be on a file system every rank sees); rank 0's ``meta`` is kept,
+    rank 0 publishes, and every rank returns once the checkpoint is published.
     """
     check_meta(step, keep, meta)
     run_dir = Path(run_dir)
-    tmp = begin_checkpoint(run_dir, step)
-    try:
-        write_part(tmp, 0, tensors, rows)
-        return commit_checkpoint(run_dir, tmp, step, meta, 1, keep)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # unpublished: gone at once (frees a full disk), `latest` unchanged
-        raise
+    if ctx is None or not ctx.is_distributed:
+        tmp = begin_checkpoint(run_dir, step)
+        try:
+            write_part(tmp, 0, tensors, rows)
+            return commit_checkpoint(run_dir, tmp, step, meta, 1, keep)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # unpublished: gone at once (frees a full disk), `latest` unchanged
+            raise
+    tmp = run_dir / f".tmp-{checkpoint_name(step)}-sharded"
+    if ctx.is_main:
+        begin_checkpoint(run_dir, step, tag="sharded")
+    ctx.barrier()
+    write_part(tmp, ctx.rank, tensors, rows)  # 1. every rank writes its part, a chunk at a time
+    ctx.barrier()
+    if ctx.is_main:  # 2. rank 0 publishes: meta.json, rename, then `latest`, then prunes
+        commit_checkpoint(run_dir, tmp, step, meta, ctx.world_size, keep)
+    ctx.barrier()
+    return run_dir / checkpoint_name(step)
 
 
 def latest_checkpoint(run_dir: Path | str) -> Path | None:

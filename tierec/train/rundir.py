@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tierec.config import Config, ConfigError, apply_override, from_dict, to_dict
+from tierec.config import Config, ConfigError, apply_override, first_difference, flatten_dict, from_dict, to_dict
 
 MARKER = ".tierec-run"
 LOCK = ".tierec.lock"
@@ -71,24 +71,6 @@ class RunDirError(ConfigError):
 
 
 # ---------------------------------------------------------------- resume config
-
-
-def flatten_dict(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(flatten_dict(v, f"{prefix}.{k}" if prefix else k))
-    return out
-
-
-def first_difference(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> str | None:
-    """The first dotted key (sorted) whose value differs between two nested dicts, or None."""
-    fa, fb = flatten_dict(a), flatten_dict(b)
-    for key in sorted(set(fa) | set(fb)):
-        if key not in ignore and fa.get(key) != fb.get(key):
-            return key
-    return None
 
 
 def resume_config(run_dir: Path, config_file: str | None, overrides: list[str]) -> Config | None:

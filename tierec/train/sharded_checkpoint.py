@@ -1,18 +1,14 @@
-"""Checkpoints saved by several processes, loadable on any number of processes.
+"""Reading checkpoints of the previous sharded format, and ``load_any`` for either format.
 
-Every rank writes its part into the checkpoint's hidden directory (its non-row
-tensors in ``tensors-RRRRR.safetensors``, rank 0's in ``tensors.safetensors``
-with the dense model, and its rows in chunk files ``rows-RRRRR-CCCCCC``); rank 0
-then writes ``meta.json`` (world size, every file's size), renames the
-directory into place and only then moves ``latest`` (the directory must be on
-a file system every rank sees). The format is the single-process one
-(:mod:`tierec.train.checkpoint`). Rows are keyed by id, so resharding is
-simple: a rank of the new job reads every chunk and keeps the rows it owns.
+Checkpoints saved on several processes are now the single-process format
+(:mod:`tierec.train.checkpoint`, ``save_checkpoint`` with a ``ctx``): every
+rank's part in the same directory. Checkpoints of the previous sharded format
+(``manifest.json`` and one ``shard-RRRRR-of-WWWWW.safetensors`` per rank) are
+still read: whole by ``load_any`` (one process, ``tierec eval`` / ``predict``),
+or shard by shard by ``restore_sharded`` (every rank of a job keeps the rows
+it owns).
 
-Checkpoints of the previous sharded format (``manifest.json`` and one
-``shard-RRRRR-of-WWWWW.safetensors`` per rank) are still read by ``load_any``.
-
->>> from tierec.distributed.checkpoint import shard_file
+>>> from tierec.train.sharded_checkpoint import shard_file
 >>> shard_file(1, 4)
 'shard-00001-of-00004.safetensors'
 """
@@ -22,9 +18,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import Tensor
@@ -33,18 +28,7 @@ from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
 from tierec.embedding.storage import combine_shards
 from tierec.paths import quote, safe_member
-from tierec.train.checkpoint import (
-    STEP_DIR,
-    CheckpointError,
-    RowChunks,
-    begin_checkpoint,
-    check_meta,
-    checkpoint_name,
-    commit_checkpoint,
-    latest_checkpoint,
-    load_checkpoint,
-    write_part,
-)
+from tierec.train.checkpoint import STEP_DIR, CheckpointError, latest_checkpoint, load_checkpoint
 
 MANIFEST_FILE = "manifest.json"  # the previous sharded format
 SHARDED_FORMAT = 1
@@ -58,37 +42,6 @@ def shard_file(rank: int, world: int) -> str:
 def is_row_key(name: str) -> bool:
     """Embedding rows (``emb/{table}.ids`` etc.), which differ per shard and concatenate."""
     return "/" in name and not _REPLICATED.fullmatch(name)
-
-
-# ------------------------------------------------------------------------ save
-
-
-def save_sharded(
-    ctx: DistContext,
-    run_dir: Path | str,
-    step: int,
-    tensors: dict[str, Tensor],
-    meta: dict[str, Any],
-    keep: int = 2,
-    rows: RowChunks = (),
-) -> Path:
-    """Every rank calls this with its own non-row tensors and row chunks; rank 0's ``meta`` is kept.
-
-    A collective: returns once the checkpoint is published on every rank.
-    """
-    run_dir = Path(run_dir)
-    check_meta(step, keep, meta)
-    tmp = run_dir / f".tmp-{checkpoint_name(step)}-sharded"
-    if ctx.is_main:
-        begin_checkpoint(run_dir, step, tag="sharded")
-    ctx.barrier()
-    write_part(tmp, ctx.rank, tensors, rows)  # 1. every rank writes its part, a chunk at a time
-    ctx.barrier()
-    final = run_dir / checkpoint_name(step)
-    if ctx.is_main:  # 2. rank 0 publishes: meta.json, rename, then `latest`, then prunes
-        commit_checkpoint(run_dir, tmp, step, meta, ctx.world_size, keep)
-    ctx.barrier()
-    return final
 
 
 # ------------------------------------------------------------------------ load
@@ -176,3 +129,25 @@ def load_any(path_or_run_dir: Path | str) -> tuple[dict[str, Tensor], dict[str, 
     # a table's entries combine by kind (rows concatenate, counters add; tierec/embedding/storage.py)
     tensors = {k: (combine_shards(k, v) if is_row_key(k) else v[0]) for k, v in merged.items()}
     return tensors, checkpoint_meta(ckpt)
+
+
+def restore_sharded(
+    ckpt: Path, ctx: DistContext, restore: Callable[[dict[str, Tensor], Any], None], load_rows: Callable[[dict[str, Tensor]], None]
+) -> dict[str, Any]:
+    """Restore a checkpoint of the previous sharded format; its meta.
+
+    ``restore(tensors, skeleton)`` takes the whole state, ``load_rows(tensors)``
+    a shard's rows (each process keeps the rows it owns). One process restores
+    the shards merged; each rank of a job restores shard 0 and the rows of the others.
+    """
+    if not ctx.is_distributed:
+        tensors, meta = load_any(ckpt)
+        restore(tensors, meta["state"])
+        return meta
+    meta = checkpoint_meta(ckpt)
+    for i, shard in enumerate(iter_shards(ckpt)):
+        if i == 0:
+            restore(shard, meta["state"])
+        else:
+            load_rows(shard)
+    return meta

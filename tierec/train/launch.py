@@ -1,0 +1,122 @@
+"""``tierec train`` on several processes: under torchrun, or re-launched under it by ``--nproc N``.
+
+``run_train`` is what the command line calls with ``--nproc N`` (or inside
+torchrun); ``train_in_job`` is one rank's training in a running job (tests
+start it on spawned processes, tierec/distributed/launch.py).
+
+>>> from tierec.train.launch import LOST_RANK_STATUS
+>>> LOST_RANK_STATUS  # every surviving rank's exit status when a peer is lost
+3
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+
+from tierec.config import Config, ConfigError
+from tierec.distributed.context import DistContext
+from tierec.distributed.launch import LAUNCHER_ENV, die_with_parent, run_launcher, torchrun_command
+from tierec.train.checkpoint import CheckpointError
+from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
+
+
+def _with_run_dir(argv: list[str], run_dir: Path) -> list[str]:
+    if any(a == "--run-dir" or a.startswith("--run-dir=") for a in argv):
+        return argv
+    return [*argv, "--run-dir", str(run_dir)]
+
+
+def run_train(
+    cfg: Config, run_dir: Path, *, resume: bool, nproc: int, argv: list[str], report: Callable[[dict], None],
+    overwrite: bool = False,
+) -> int:
+    """``tierec train`` on several processes; returns the exit status.
+
+    Outside torchrun (``--nproc N``) it re-launches the same command under torchrun
+    (one machine) with the run directory fixed, and waits; torchrun and the ranks
+    die with the launcher (PR_SET_PDEATHSIG), and a SIGINT or SIGTERM the launcher
+    gets goes to the ranks (``run_launcher``). Inside torchrun it joins the job, checks that every rank
+    has the same config, rank 0 claims the run directory, and every rank trains;
+    rank 0 reports. A lost rank ends every other rank with one line naming it and
+    exit status 3; a config or run-directory error ends every rank with exit 2.
+    """
+    from tierec.distributed.config_check import check_same_config
+    from tierec.distributed.context import init_distributed, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        if nproc <= 1:
+            raise ValueError("run_train needs --nproc > 1 or a torchrun environment")
+        return run_launcher(torchrun_command(nproc, _with_run_dir(argv, run_dir)), run_dir)
+
+    die_with_parent(signal.SIGKILL)  # torchrun gone (killed): so are its ranks; the run dir lock goes stale
+    # Signals are caught from here on: one during setup stops the run after its first step, with a checkpoint.
+    with GracefulStop(announce=os.environ.get("RANK", "0") == "0") as stop:
+        ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
+        try:
+            check_same_config(cfg, ctx.rank, ctx.world_size, group=ctx.dense_group)
+            shared = [str(run_dir)]
+            dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
+            with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite):
+                summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume, stop=stop)
+        except (ConfigError, CheckpointError, TrainingDiverged, Interrupted) as e:
+            # the same on every rank: exit without tearing down the group (it can block)
+            if ctx.is_main or not isinstance(e, Interrupted):
+                prefix = "tierec: " if isinstance(e, Interrupted) else "tierec: error: "
+                print(f"{prefix}{e}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(interrupted_status(e) if isinstance(e, Interrupted) else 2)
+    ctx.close()
+    if ctx.is_main:
+        report(summary)
+    return 0
+
+
+def interrupted_status(e: Interrupted) -> int:
+    """A rank's exit status after a signal: 0 under `--nproc N` (its launcher reports 130 / 143), else e.status."""
+    return 0 if os.environ.get(LAUNCHER_ENV) else e.status
+
+
+@contextmanager
+def _claimed(ctx: DistContext, run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[None]:
+    """Rank 0 claims (locks) the run directory for the job; every rank learns whether it could."""
+    from tierec.train.rundir import claim_run_dir
+
+    with ExitStack() as stack:
+        problem = [""]
+        if ctx.is_main:
+            try:
+                stack.enter_context(claim_run_dir(run_dir, resume=resume, overwrite=overwrite))
+            except ConfigError as e:
+                problem = [str(e)]
+        dist.broadcast_object_list(problem, src=0, group=ctx.dense_group)
+        if problem[0]:
+            raise ConfigError(problem[0])
+        yield
+
+
+LOST_RANK_STATUS = 3
+
+
+def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool, stop: GracefulStop | None = None) -> dict:
+    """Train as one rank of a running job; a lost peer ends this process with exit status 3."""
+    from tierec.distributed.health import RankLostError
+    from tierec.train.trainer import Trainer
+
+    trainer = Trainer(cfg, run_dir, resume=resume, ctx=ctx)
+    trainer.stop = stop
+    try:
+        summary = trainer.fit()
+    except RankLostError as e:
+        print(f"tierec: error: rank {ctx.rank}: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(LOST_RANK_STATUS)  # the process group is broken; its teardown could block
+    trainer.close()
+    return summary

@@ -232,7 +232,7 @@ def hier_storage_worker(ctx: DistContext, out_dir: str, names: list[str]) -> Non
 def train_runs_worker(ctx: DistContext, runs: list[tuple[list[str], str]]) -> None:
     """Several `tierec train` runs (overrides, run directory) one after the other in the same job."""
     from tierec.config import load_config
-    from tierec.distributed.launch import train_in_job
+    from tierec.train.launch import train_in_job
 
     for overrides, run_dir in runs:
         train_in_job(ctx, load_config(None, overrides), Path(run_dir), resume=False)

@@ -11,7 +11,8 @@ import pytest
 from dist_workers import SMALL, compare_runs, train_worker
 from tierec.cli import main
 from tierec.config import load_config
-from tierec.distributed.launch import LOST_RANK_STATUS, spawn
+from tierec.distributed.launch import spawn
+from tierec.train.launch import LOST_RANK_STATUS
 from tierec.train.trainer import Trainer
 
 MESH = ["dist.group_size=2"]

@@ -140,6 +140,7 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
         apply_override(cfg_dict, o)
     cfg: Config = from_dict(Config, cfg_dict)
+    preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
     probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
     parts = Components.build(cfg, probe.feature_names, probe.n_dense)
     if loaded is None:

@@ -19,8 +19,10 @@ STORE = [
     "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers",
 ]  # fmt: skip
 
+CORE = ["tierec.errors", "tierec.train.stopping"]
 
-@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE)
+
+@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

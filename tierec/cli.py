@@ -15,9 +15,9 @@ distributed job with exit status 3.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -140,6 +140,7 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
         apply_override(cfg_dict, o)
     cfg: Config = from_dict(Config, cfg_dict)
+    preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
     probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
     parts = Components.build(cfg, probe.feature_names, probe.n_dense)
     if loaded is None:
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
+    from tierec.errors import DiskFullError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
     from tierec.train.stopping import Interrupted, TrainingDiverged
@@ -299,7 +301,7 @@ def _main(argv: list[str] | None) -> int:
             return args.func(args, rest)
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
-            TrainingDiverged) as e:  # fmt: skip
+            TrainingDiverged, DiskFullError) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:
@@ -318,14 +320,18 @@ def _main(argv: list[str] | None) -> int:
 
 def resource_error(e: BaseException) -> str | None:
     """One line for running out of disk or memory (any layer's exception); None for anything else."""
+    from tierec.errors import is_disk_full
+
     text = str(e)
-    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left" in text or "code: 28" in text:
+    first = text.splitlines()[0][:160] if text else type(e).__name__
+    if is_disk_full(e):
         where = getattr(e, "filename", None) or "a file"
-        return (f"disk full while writing {where} ({text.splitlines()[0][:160] if text else 'ENOSPC'}); "
+        return (f"disk full while writing {where} ({first}); "
                 "free space there, then continue with --resume (the last complete checkpoint is intact)")
     if isinstance(e, MemoryError) or "can't allocate memory" in text or "not enough memory" in text:
-        return (f"out of memory ({text.splitlines()[0][:160] if text else 'MemoryError'}); "
-                "lower train.batch_size or the model size")
+        asked = re.search(r"tried to allocate (\d+) bytes", text)
+        what = f"allocating {int(asked.group(1)):,} bytes failed" if asked else first
+        return f"out of memory ({what}); lower train.batch_size or the model size"
     return None
 
 

@@ -457,8 +457,8 @@ class DistConfig:
     hot_min_share: float = 0.9
     # Hierarchical training (docs/distributed.md): the ranks form a ("replica", "shard") mesh of
     # groups of group_size ranks; tables are row-sharded inside a group, groups sync across.
-    # 0 = one group of all ranks on one node (today's flat run); under a multi-node torchrun,
-    # 0 = one group per node (LOCAL_WORLD_SIZE ranks). Must divide the world size.
+    # 0 = one group of all ranks (the flat run), on one node or many; a group per machine is
+    # group_size = processes per node (torchrun numbers ranks node by node). Must divide the world size.
     group_size: int = 0
     cross_group: str = "gradients"  # gradients (every step, exact) | average (every sync_every steps)
     sync_every: int = 1  # steps between cross-group averages (cross_group = average)
@@ -466,7 +466,7 @@ class DistConfig:
 
     def __post_init__(self) -> None:
         if self.group_size < 0:
-            raise ConfigError(f"dist.group_size must be >= 0 (0 = one group per node), got {self.group_size}")
+            raise ConfigError(f"dist.group_size must be >= 0 (0 = one group of every rank), got {self.group_size}")
         if self.cross_group not in CROSS_GROUP_MODES:
             raise ConfigError(f"dist.cross_group {self.cross_group!r} is not one of {', '.join(CROSS_GROUP_MODES)}")
         if self.sync_every <= 0:

@@ -109,7 +109,7 @@ def mesh_worker(ctx: DistContext, out_dir: str, group_size: int) -> None:
         grp = _table_group()
         rows = grp.lookup(keys, tabs, insert=True)
         gsync = RowGradientSync(grp, codec(name), h.replica_group)
-        urows, sums = gsync.reduce(rows, vals)
+        urows, sums, _ = gsync.reduce(keys, tabs, vals)
         out[f"rowgrad/{name}"] = (grp.index.row_keys[urows.numpy()].copy(), sums)
 
         grp = _table_group()
@@ -117,7 +117,7 @@ def mesh_worker(ctx: DistContext, out_dir: str, group_size: int) -> None:
         for step in range(2):  # two updates between syncs, on rows that differ per replica
             sel = slice(step * 5, step * 5 + 15)
             r = grp.lookup(keys[sel], tabs[sel], insert=True)
-            averager.touch(r)
+            averager.touch(keys[sel], tabs[sel])
             grp.update(r, vals[sel])
         before = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
         averager.sync()
@@ -155,3 +155,84 @@ def hier_collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[
         result = {"state": coll.state_dict(), "hot_rows": hot, "traffic": coll.traffic.per_step(),
                   "bytes": h.bytes_per_step()}
         torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")
+
+
+# ------------------------------------------------------------------ storages on a mesh
+
+STORAGE_VARIANTS = {  # name: (tiered, pruned, cross_group)
+    "plain-avg": (False, False, "average"),
+    "tiered-avg": (True, False, "average"),
+    "tiered-grad": (True, False, "gradients"),
+    "pruned-grad": (False, True, "gradients"),
+    "both-grad": (True, True, "gradients"),
+}
+PRUNE_AT = (2, 4, 6)  # steps after which the pruner runs
+
+
+def storage_collection(disk: str, tiered: bool, pruned: bool, world: int):
+    """The 3-table collection of dist_workers over a small fast tier (most rows on disk) and / or chunked rows.
+
+    ``world``: the ranks the rows are sharded over (a group of the mesh), each with 1/world of the fast tier.
+    """
+    from dist_workers import FEATURES, make_tables
+    from tierec.config import PruneConfig, StoreConfig
+    from tierec.embedding import EmbeddingCollection
+    from tierec.storage import storage_factory
+    from tierec.store.plan import StorePlan
+
+    store = StoreConfig(enabled=tiered, cache_size=f"{12 / world}KiB", host_size=0, disk_path=disk)
+    prune = PruneConfig(enabled=True, chunk=2, target_ratio=2.0) if pruned else None
+    Path(disk).mkdir(parents=True, exist_ok=True)
+    tables = make_tables()
+    plan = StorePlan(store, [tables])
+    return EmbeddingCollection(plan.tables(tables), FEATURES, seed=3, group_factory=storage_factory(plan, prune)), prune
+
+
+def hier_storage_worker(ctx: DistContext, out_dir: str, names: list[str]) -> None:
+    """Each storage variant trained on this rank's slices: on a 2x2 mesh, or (W = 1) the one-process reference."""
+    from dist_workers import STEPS, make_batches
+    from tierec.config import DistConfig
+    from tierec.distributed.data import slice_bounds, slice_sparse
+    from tierec.distributed.hierarchical import Hierarchical
+    from tierec.distributed.parallelize import JobSums
+    from tierec.prune import Pruner
+
+    batches = make_batches()
+    w = ctx.world_size
+    bounds = [slice_bounds(sp.batch_size, w, ctx.rank) for sp, _ in batches]
+    local = [slice_sparse(sp, lo, hi) for (sp, _), (lo, hi) in zip(batches, bounds)]
+    for name in names:
+        tiered, pruned, mode = STORAGE_VARIANTS[name]
+        coll, prune = storage_collection(str(Path(out_dir) / "disk" / name / f"rank-{ctx.rank}"), tiered, pruned, min(w, 2))
+        h = Hierarchical.build(ctx, DistConfig(group_size=2, cross_group=mode, sync_every=2)) if w > 1 else None
+        model = h.shard_collection(coll) if h is not None else coll
+        job = JobSums(h.group_ctx) if h is not None else None
+        pruner = Pruner(coll, prune, job=job) if prune else None
+        steps = []
+        for s in range(STEPS):
+            lo, hi = bounds[s]
+            loss = (model(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
+            loss.backward()
+            if h is not None:
+                h.after_step()
+            if pruner is not None and s + 1 in PRUNE_AT:
+                st = pruner.step()
+                steps.append((st.pruned, st.regrown))
+        if h is not None:
+            h.sync_now()
+            model.close()
+        disk = [st for g in coll.groups for st in g.tier_stores()]
+        result = {"state": model.state_dict(), "steps": steps,
+                  "rows_disk": sum(x["rows_disk"] for g in disk for x in g.stats().values())}
+        for g in coll.groups:
+            g.close()
+        torch.save(result, Path(out_dir) / f"{name}-w{w}-rank{ctx.rank}.pt")
+
+
+def train_runs_worker(ctx: DistContext, runs: list[tuple[list[str], str]]) -> None:
+    """Several `tierec train` runs (overrides, run directory) one after the other in the same job."""
+    from tierec.config import load_config
+    from tierec.train.launch import train_in_job
+
+    for overrides, run_dir in runs:
+        train_in_job(ctx, load_config(None, overrides), Path(run_dir), resume=False)

@@ -102,12 +102,12 @@ def test_config_keys() -> None:
 
 
 def test_mesh_shape() -> None:
-    assert MeshShape.resolve(0, world=4, local_world=4).is_flat  # one node: today's flat run
-    m = MeshShape.resolve(0, world=6, local_world=3)  # two nodes of 3
+    assert MeshShape.resolve(0, world=4).is_flat  # 0: today's flat run (on any number of nodes)
+    m = MeshShape.resolve(3, world=6)  # e.g. two nodes of 3
     assert (m.replicas, m.group_size, m.group_ranks(1), m.replica_ranks(2)) == (2, 3, [3, 4, 5], [2, 5])
-    assert MeshShape.resolve(4, world=4, local_world=2).is_flat  # an explicit g = W is flat on any nodes
+    assert MeshShape.resolve(4, world=4).is_flat  # an explicit g = W is flat
     with pytest.raises(ConfigError, match=r"^dist.group_size 3 must divide the world size 4$"):
-        MeshShape.resolve(3, world=4, local_world=4)
+        MeshShape.resolve(3, world=4)
 
 
 @pytest.mark.parametrize("name", ["tierec.distributed.mesh", "tierec.distributed.codecs", "tierec.distributed.cross",
@@ -117,15 +117,14 @@ def test_docstring_examples(name: str) -> None:
     assert result.failed == 0 and result.attempted > 0
 
 
-def test_jobs_refuse_a_group_size_that_does_not_divide_or_is_not_wired() -> None:
+def test_jobs_refuse_a_group_size_that_does_not_divide() -> None:
     from tierec.distributed.context import check_mesh
 
-    check_mesh(DistConfig(), 4, 2)  # 0: one flat group, also across nodes, until the trainer runs meshes
-    check_mesh(DistConfig(group_size=4), 4, 4)
+    check_mesh(DistConfig(), 4)  # 0: one flat group, also across nodes
+    check_mesh(DistConfig(group_size=4), 4)
+    check_mesh(DistConfig(group_size=2), 4)  # 2 groups of 2: the trainer runs the mesh
     with pytest.raises(ConfigError, match=r"^dist.group_size 3 must divide the world size 4$"):
-        check_mesh(DistConfig(group_size=3), 4, 4)
-    with pytest.raises(ConfigError, match=r"^dist.group_size = 2: hierarchical training \(2 groups of 2\)"):
-        check_mesh(DistConfig(group_size=2), 4, 4)
+        check_mesh(DistConfig(group_size=3), 4)
 
 
 @pytest.mark.parametrize("name", ["none", "fp16", "bf16", "int8"])

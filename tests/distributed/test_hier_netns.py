@@ -5,6 +5,7 @@ Skips where namespaces cannot be made (not root, no iproute2, a container that f
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -25,17 +26,20 @@ def _env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
-def test_two_node_torchrun_over_a_slow_link_matches_one_process(tmp_path: Path) -> None:
+def test_two_node_torchrun_as_a_group_per_node_matches_one_process(tmp_path: Path) -> None:
+    # 2 machines of 2 processes, dist.group_size = 2: a group per machine, only the cross-group sync on the link
     over = SMALL + ["train.max_steps=4", "train.threads=1", "train.precision=fp32"]  # exact: no bf16 autocast
     Trainer(load_config(None, over), tmp_path / "ref").fit()
-    args = ["train", "--run-dir", str(tmp_path / "two"), "--no-progress"]
+    args = ["train", "--run-dir", str(tmp_path / "two"), "--no-progress", "--set", "dist.group_size=2"]
     for o in over:
         args += ["--set", o]
     tag = uuid.uuid4().hex[:5]
-    done = run_two_nodes("100mbit", 1, args, tag=tag, env=_env(), timeout_s=240)
+    done = run_two_nodes("100mbit", 2, args, tag=tag, env=_env(), timeout_s=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not [n for n in namespaces() if tag in n]  # removed
     compare_runs(tmp_path / "ref", tmp_path / "two")
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert (summary["world_size"], summary["replicas"]) == (4, 2)
 
 
 def test_namespaces_are_removed_when_the_job_fails(tmp_path: Path) -> None:

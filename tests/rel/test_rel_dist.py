@@ -1,10 +1,24 @@
-"""Issue 17 point 8: ranks started with different configs fail at setup, naming the first differing key."""
+"""Issue 17 points 8 and 10 on several processes: one config across ranks; signals to the `--nproc` launcher."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import torch
+
+from rel_helpers import TINY
+
+from tierec.cli import main
+from tierec.config import load_config
+from tierec.train.sharded_checkpoint import load_any
 from tierec.distributed.launch import spawn
+from tierec.train.trainer import Trainer
 
 CASES = [  # (rank 0's overrides, rank 1's overrides, what every rank must say)
     (["train.progress=false"], ["train.progress=true", "train.threads=1"], "ok"),
@@ -35,3 +49,104 @@ def test_ranks_with_different_configs_name_the_first_differing_key(tmp_path: Pat
         assert len(got) == len(CASES)
         for line, (_, _, want) in zip(got, CASES):
             assert want in line, (rank, line)
+
+
+# ------------------------------------------------------------------ signals to `tierec train --nproc 2`
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = TINY + ["train.batch_size=64", "train.precision=fp32"]  # 32 steps
+
+
+def _launch(run: Path, *extra: str) -> subprocess.Popen:
+    """`tierec train --nproc 2` as a program; returns once both ranks catch signals (rank 0 holds the lock)."""
+    cmd = [sys.executable, "-m", "tierec", "train", "--nproc", "2", "--run-dir", str(run), "--no-progress", *extra]
+    sets = [] if extra else [x for o in JOB for x in ("--set", o)]
+    proc = subprocess.Popen([*cmd, *sets], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / ".tierec.lock").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "slow"
+        time.sleep(0.05)
+    return proc
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nproc_sigterm_saves_exits_143_and_resumes_like_an_uninterrupted_run(tmp_path: Path) -> None:
+    run = tmp_path / "job"
+    proc = _launch(run)
+    try:
+        proc.send_signal(signal.SIGTERM)  # to the launcher only, as a scheduler would
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and err.count("interrupted at step") == 1 and err.count("finishing this step") == 1, err
+    stopped = _records(run)[-1]
+    assert stopped["kind"] == "interrupted" and 1 <= stopped["step"] < 32  # the step it was in finished, then saved
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{stopped['step']:08d}"
+    # ... and `--resume` continues exactly: the run ends as one that was never interrupted
+    assert main(["train", "--nproc", "2", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    Trainer(load_config(None, JOB), tmp_path / "ref").fit()
+    got, want = (json.loads((d / "summary.json").read_text()) for d in (run, tmp_path / "ref"))
+    assert got["steps"] == want["steps"] == 32
+    for k in ("test_auc", "test_logloss", "final_train_loss"):
+        assert abs(got[k] - want[k]) < 1e-5, (k, got[k], want[k])
+    a, _ = load_any(run / "checkpoints")
+    b, _ = load_any(tmp_path / "ref" / "checkpoints")
+    dense = sorted(k for k in b if k.startswith("model."))
+    assert dense and dense == sorted(k for k in a if k.startswith("model."))
+    for k in dense:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5, msg=k)
+
+
+FAKE_RANK = """
+import os, sys, time
+from tierec.train.stopping import GracefulStop
+with GracefulStop():
+    open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+    time.sleep(120)
+"""
+FAKE_TORCHRUN = """
+import subprocess, sys
+ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]]) for _ in range(2)]
+for r in ranks:
+    r.wait()
+"""
+
+
+def _running(pid: int) -> bool:  # (a zombie is dead, only not reaped yet by its new parent)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_a_second_signal_to_the_nproc_launcher_ends_it_and_its_ranks_at_once(tmp_path: Path) -> None:
+    """The launcher with stand-ins for torchrun and two ranks (a real job is above): SIGINT, SIGINT -> 130 at once."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    code = ("import sys; from pathlib import Path; from tierec.distributed.launch import run_launcher; "
+            "sys.exit(run_launcher([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]], Path(sys.argv[4])))")
+    launcher = subprocess.Popen([sys.executable, "-c", code, FAKE_TORCHRUN, FAKE_RANK, str(ready), str(tmp_path)],
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(ready.iterdir())) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        ranks = [int(p.name) for p in ready.iterdir()]
+        launcher.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert launcher.poll() is None and all(_running(r) for r in ranks)  # they finish their step
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == 130 and time.monotonic() - t0 < 5, err[-2000:]
+        assert "finishing this step" in err and "second SIGINT: stopping now" in err, err
+        assert not [r for r in ranks if _running(r)]  # the ranks are gone with it
+    finally:
+        launcher.kill()

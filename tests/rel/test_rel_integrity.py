@@ -167,3 +167,29 @@ def test_a_second_signal_exits_at_once() -> None:
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 130 and "stopping now" in r.stderr and time.monotonic() - t0 < 25
+
+
+def _as_sharded_format(step_dir: Path) -> None:
+    """Rewrite a checkpoint in the previous sharded format (manifest.json, one shard) that tierec still reads."""
+    from tierec.train.checkpoint import load_checkpoint
+
+    tensors, meta = load_checkpoint(step_dir)
+    for p in step_dir.iterdir():
+        p.unlink()
+    shard = step_dir / "shard-00000-of-00001.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, shard)
+    meta = {k: v for k, v in meta.items() if k != "_checkpoint"}
+    meta["_sharded"] = {"format": 1, "world_size": 1, "shards": [{"file": shard.name, "bytes": shard.stat().st_size}]}
+    (step_dir / "manifest.json").write_text(json.dumps(meta))
+
+
+def test_resume_skips_a_damaged_checkpoint_of_the_previous_sharded_format(trained: Path, tmp_path: Path, capsys) -> None:
+    run = _copy(trained, tmp_path)
+    for step in ("step_00000002", "step_00000004"):
+        _as_sharded_format(run / "checkpoints" / step)
+    shard = run / "checkpoints" / "step_00000004" / "shard-00000-of-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])  # truncated by a crash
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run), "--resume", "--no-progress", "--set", "train.max_steps=6"]) == 0
+    out = capsys.readouterr().out
+    assert "step_00000004 is corrupt" in out and "resumed from step 2" in out, out

@@ -191,22 +191,25 @@ class RowResiduals:
 
 class SegmentedCodec:
     """A codec applied to column segments of a row separately (weights and each optimizer state of a record),
-    so that int8's per-row range of one segment does not swamp another's."""
+    so that int8's per-row range of one segment does not swamp another's. ``inner``: one codec for every
+    segment, or one per segment (e.g. a gradient compressed, its access count beside it exact)."""
 
-    def __init__(self, inner: Codec, widths: list[int]) -> None:
-        self.inner = inner
+    def __init__(self, inner: Codec | list[Codec], widths: list[int]) -> None:
+        self.inners = list(inner) if isinstance(inner, list) else [inner] * len(widths)
+        if len(self.inners) != len(widths):
+            raise ValueError(f"{len(self.inners)} codecs for {len(widths)} segments")
         self.widths = widths
-        self.name = inner.name
-        self.lossy = inner.lossy
+        self.name = "+".join(dict.fromkeys(c.name for c in self.inners))
+        self.lossy = any(c.lossy for c in self.inners)
 
     def row_bytes(self, dim: int) -> int:
         assert dim == sum(self.widths), (dim, self.widths)
-        return sum(self.inner.row_bytes(w) for w in self.widths)
+        return sum(c.row_bytes(w) for c, w in zip(self.inners, self.widths))
 
     def encode(self, x: Tensor) -> Tensor:
-        return torch.cat([self.inner.encode(p) for p in torch.split(x, self.widths, dim=1)], 1)
+        return torch.cat([c.encode(p) for c, p in zip(self.inners, torch.split(x, self.widths, dim=1))], 1)
 
     def decode(self, payload: Tensor, dim: int) -> Tensor:
-        sizes = [self.inner.row_bytes(w) for w in self.widths]
+        sizes = [c.row_bytes(w) for c, w in zip(self.inners, self.widths)]
         parts = torch.split(payload, sizes, dim=1)
-        return torch.cat([self.inner.decode(p, w) for p, w in zip(parts, self.widths)], 1)
+        return torch.cat([c.decode(p, w) for c, p, w in zip(self.inners, parts, self.widths)], 1)

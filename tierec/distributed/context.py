@@ -68,18 +68,11 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def check_mesh(cfg: DistConfig, world: int, local_world: int) -> None:
-    """Refuse a ``dist.group_size`` that does not divide the job, or asks for groups the trainer cannot run yet."""
-    from tierec.config import ConfigError
+def check_mesh(cfg: DistConfig, world: int) -> None:
+    """Refuse a ``dist.group_size`` that does not divide the job (one line, before any process group exists)."""
     from tierec.distributed.mesh import MeshShape
 
-    # Until the trainer runs hierarchical meshes, 0 keeps every job one flat group (multi-node too).
-    shape = MeshShape.resolve(cfg.group_size or world, world=world, local_world=local_world)
-    if not shape.is_flat:
-        raise ConfigError(
-            f"dist.group_size = {cfg.group_size}: hierarchical training ({shape.replicas} groups of "
-            f"{shape.group_size}) is not wired into the trainer yet; set dist.group_size = 0"
-        )
+    MeshShape.resolve(cfg.group_size, world=world)
 
 
 def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) -> DistContext:
@@ -94,7 +87,7 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    check_mesh(cfg, world, local_world)
+    check_mesh(cfg, world)
     dev = torch.device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", local_rank)

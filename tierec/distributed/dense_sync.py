@@ -96,6 +96,10 @@ class DenseAverager:
     def _flat(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1).float() for p in self.params]) if self.params else torch.zeros(0)
 
+    def reanchor(self) -> None:
+        """The parameters as they are now are the last synced ones (after a checkpoint is loaded on every replica)."""
+        self.anchor = self._flat()
+
     def sync(self) -> None:
         r = 1 if self.group is None else dist.get_world_size(self.group)
         delta = self._flat() - self.anchor

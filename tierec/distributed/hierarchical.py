@@ -17,8 +17,11 @@ untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
 - ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
   communication hook; ``average``: DDP inside the group and a ``DenseAverager``
   across groups;
+- ``apply``: both on a run's components (``parallelize`` calls it);
 - ``after_step``: ``average`` syncs rows and dense parameters every
-  ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints.
+  ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints;
+- ``resumed_at`` after a checkpoint is loaded (checkpoints hold one replica:
+  group 0's ranks write them, ``job.Job.checkpoint_writers``).
 
 Traffic: the collections count inside-group kinds as before and cross-group
 ones under ``cross/``; ``traffic`` here counts the dense part's.
@@ -33,11 +36,12 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tierec.config import ConfigError, DistConfig
+from tierec.config import DistConfig
 from tierec.distributed.codecs import codec
 from tierec.distributed.context import DistContext
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
@@ -63,16 +67,13 @@ class Hierarchical:
 
     @staticmethod
     def shape(ctx: DistContext, cfg: DistConfig) -> MeshShape:
-        return MeshShape.resolve(cfg.group_size, world=ctx.world_size, local_world=ctx.local_world_size)
+        return MeshShape.resolve(cfg.group_size, world=ctx.world_size)
 
     @staticmethod
     def build(ctx: DistContext, cfg: DistConfig) -> Hierarchical | None:
         """The mesh of a job with more than one group (a collective); None for a flat job."""
         if not ctx.is_distributed or Hierarchical.shape(ctx, cfg).is_flat:
             return None
-        if cfg.cross_group == "average" and cfg.hot_rows:
-            raise ConfigError("dist.hot_rows with dist.cross_group = average is not supported: "
-                              "set dist.hot_rows = 0 or dist.cross_group = gradients")
         return Hierarchical(ctx=ctx, hier=Hierarchy.build(ctx, cfg.group_size), cfg=cfg)
 
     @property
@@ -103,6 +104,13 @@ class Hierarchical:
         self.collections.append(coll)
         return coll
 
+    def apply(self, parts: Any) -> None:
+        """Shard ``parts``' embedding collections over the rank's group and wrap its dense model (in place)."""
+        parts.embeddings = self.shard_collection(parts.embeddings)
+        if parts.wide is not None:
+            parts.wide = self.shard_collection(parts.wide)
+        parts.ddp = self.wrap_dense(parts.model)
+
     def wrap_dense(self, model: nn.Module) -> DistributedDataParallel:
         c = codec(self.cfg.compress)
         if self.gradients:
@@ -132,6 +140,14 @@ class Hierarchical:
             self.dense.sync()
         self.synced_at = self.steps
 
+    def resumed_at(self, step: int) -> None:
+        """After loading a checkpoint (the same on every replica): the sync schedule and anchors restart from it."""
+        self.steps = self.synced_at = step
+        for a in self.averagers:
+            a.forget()
+        if self.dense is not None:
+            self.dense.reanchor()
+
     def bytes_per_step(self) -> dict[str, float]:
         """Bytes per step this rank sent inside its group and across groups (embeddings and dense part)."""
         inside = across = 0.0
@@ -149,14 +165,14 @@ class _GradientStep:
     def __init__(self, sync: RowGradientSync) -> None:
         self.sync = sync
 
-    def __call__(self, rows, grad):
-        return self.sync.reduce(rows, grad)
+    def __call__(self, keys, tabs, rows, grad, accesses):
+        return self.sync.reduce(keys, tabs, grad, accesses)
 
 
 class _AverageStep:
     def __init__(self, averager: RowAverager) -> None:
         self.averager = averager
 
-    def __call__(self, rows, grad):
-        self.averager.touch(rows)
-        return rows, grad
+    def __call__(self, keys, tabs, rows, grad, accesses):
+        self.averager.touch(keys, tabs)
+        return rows, grad, accesses

@@ -5,8 +5,15 @@ delegates to one ``Job`` the few things that depend on it: building the
 components (:func:`~tierec.distributed.parallelize.parallelize` on several
 processes), this process's slice of a global batch (and starting the next
 batch's id exchange), the loss scale and the job's mean loss, evaluation (each
-process scores its slice), footprints summed over the job, and the heartbeat that names a lost rank. With
-one process every piece is the plain one.
+process scores its slice), footprints summed over the job, the bytes each rank
+sends inside its group and across groups, and the heartbeat that names a lost
+rank. With one process every piece is the plain one.
+
+On a 2-D mesh (``dist.group_size``, Hierarchical Training) the embeddings are
+sharded over the rank's group (``shard_ctx``), ``after_step`` runs the
+cross-group averaging of ``dist.cross_group = "average"``, ``settle`` brings
+the replicas together before an evaluation, and ``checkpoint_writers`` makes
+a checkpoint one replica's (group 0's ranks write).
 
 >>> from tierec.config import load_config
 >>> from tierec.distributed.job import Job
@@ -45,6 +52,8 @@ class Job:
         self.steps_run = 0
         self._fail_at = _fail_step(self.ctx.rank) if self.ctx.is_distributed else None
         self._parts: Any = None
+        self.mesh: Any = None  # hierarchical.Hierarchical on a mesh of several groups, else None
+        self._meter: ByteMeter | None = None
 
     @property
     def distributed(self) -> bool:
@@ -58,9 +67,33 @@ class Job:
 
     def parallelize(self, parts: Any) -> Any:
         if self.distributed:
-            parallelize(parts, self.ctx, self.cfg)
+            self.mesh = parallelize(parts, self.ctx, self.cfg)
+            self._meter = ByteMeter(parts, self.ctx, self.mesh)
         self._parts = parts
         return parts
+
+    @property
+    def shard_ctx(self) -> DistContext:
+        """The ranks the embeddings are sharded over: this rank's group on a mesh, else the job."""
+        return self.mesh.group_ctx if self.mesh is not None else self.ctx
+
+    def after_step(self) -> None:
+        """After the optimizer step (every rank): the cross-group averaging that is due, the byte meter."""
+        if self.mesh is not None:
+            self.mesh.after_step()
+        if self._meter is not None:
+            self._meter.steps += 1
+
+    def settle(self) -> None:
+        """Before an evaluation or a checkpoint: on a mesh in ``average`` mode, the replicas averaged now."""
+        if self.mesh is not None:
+            self.mesh.sync_now()
+
+    def resumed_at(self, step: int) -> None:
+        """A checkpoint of ``step`` was loaded (the same on every rank)."""
+        self.steps_run = step
+        if self.mesh is not None:
+            self.mesh.resumed_at(step)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -141,18 +174,103 @@ class Job:
         return evaluate_sharded(self.cfg, parts, self.ctx, accumulator)
 
     def footprint(self, parts: Any) -> dict[str, int]:
-        """Rows and bytes of every process's embeddings together (and W on several processes)."""
+        """Rows and bytes of every process's embeddings together (and W on several processes).
+
+        On a mesh: of one replica (the rank's group), with the number of replicas.
+        """
         if not self.distributed:
             return {"embedding_rows": parts.embedding_rows(), "embedding_bytes": parts.embedding_bytes()}
         t = torch.tensor([parts.embedding_rows(), parts.embedding_bytes()], dtype=torch.int64)
-        dist.all_reduce(t, group=self.ctx.dense_group)
-        return {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size}
+        dist.all_reduce(t, group=self.shard_ctx.dense_group)
+        out = {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size}
+        if self.mesh is not None:
+            out["replicas"] = self.mesh.hier.shape.replicas
+        return out
+
+    def bytes_postfix(self) -> dict[str, str]:
+        """For the progress bar: KiB per step this rank sent so far, inside its group and across groups."""
+        if self._meter is None:
+            return {}
+        inside, across = self._meter.per_step(reset=False)
+        return {"in_KiB": f"{inside / 1024:.1f}", "across_KiB": f"{across / 1024:.1f}"}
+
+    def bytes_record(self) -> dict[str, float]:
+        """For metrics.jsonl: bytes per step this rank sent since the previous record, inside / across groups."""
+        if self._meter is None:
+            return {}
+        inside, across = self._meter.per_step(reset=True)
+        return {"bytes_inside_per_step": round(inside, 1), "bytes_across_per_step": round(across, 1)}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint_writers(self) -> DistContext | None:
+        """The ranks that write a checkpoint, as the ``ctx`` of ``save_checkpoint`` (every rank calls this).
+
+        The job's own; on a mesh one replica: the replicas agree first (``average``: synced now), then
+        group 0's ranks write as a job of g ranks and the other ranks get None (they write nothing).
+        """
+        if self.mesh is None:
+            return self.ctx
+        self.mesh.sync_now()
+        return self.mesh.group_ctx if self.mesh.hier.replica == 0 else None
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint's meta records of the job's shape: the mesh it was saved on, if any."""
+        if self.mesh is None:
+            return {}
+        return {"mesh": {"group_size": self.mesh.hier.shape.group_size, "replicas": self.mesh.hier.shape.replicas}}
+
+    def checkpoint_written(self) -> None:
+        """After ``save_checkpoint`` on the writers: on a mesh every replica waits until it is published."""
+        if self.mesh is not None:
+            self.ctx.barrier()
 
     def close(self) -> None:
         """Wait out id exchanges that no forward will use (before leaving the job)."""
         if self._parts is not None:
             for coll in sharded_collections(self._parts):
                 coll.close()
+
+
+class ByteMeter:
+    """Bytes this rank sends inside its group and across groups (a flat job is one group), per training step.
+
+    The embeddings' exchanges and the cross-group collectives are counted where
+    they are sent (``Traffic``); DDP's own all-reduce of the dense gradients,
+    issued from C++, is priced as a ring over its process group:
+    ``2 (k - 1) / k`` of the gradient bytes per step (k = W flat, g in
+    ``average`` mode; in ``gradients`` mode the communication hook counts it).
+    """
+
+    def __init__(self, parts: Any, ctx: DistContext, mesh: Any) -> None:
+        self.traffics = [c.traffic for c in sharded_collections(parts)] + ([mesh.traffic] if mesh is not None else [])
+        k = ctx.world_size if mesh is None else (0 if mesh.gradients else mesh.hier.shape.group_size)
+        grad_bytes = sum(p.numel() * p.element_size() for p in parts.model.parameters() if p.requires_grad)
+        self.ddp_ring = 2 * (k - 1) * grad_bytes / k if k > 1 else 0.0  # bytes per step
+        self.steps = 0
+        self._mark = (0, 0.0, 0.0)  # (steps, inside, across) at the previous record
+
+    def totals(self) -> tuple[float, float]:
+        """(inside, across) bytes sent so far."""
+        from tierec.distributed.cross import CROSS
+
+        inside = self.ddp_ring * self.steps
+        across = 0.0
+        for t in self.traffics:
+            for kind, b in t.bytes_sent.items():
+                if kind.startswith(CROSS):
+                    across += b
+                else:
+                    inside += b
+        return inside, across
+
+    def per_step(self, *, reset: bool) -> tuple[float, float]:
+        inside, across = self.totals()
+        steps0, inside0, across0 = self._mark if reset else (0, 0.0, 0.0)
+        n = max(self.steps - steps0, 1)
+        if reset:
+            self._mark = (self.steps, inside, across)
+        return (inside - inside0) / n, (across - across0) / n
 
 
 def _fail_step(rank: int) -> int | None:

@@ -14,6 +14,7 @@ and calls ``fn(ctx, *args)``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -137,19 +138,40 @@ def die_with_parent(sig: int) -> None:
         os.kill(os.getpid(), sig)
 
 
-def run_launcher(cmd: list[str]) -> int:
-    """Run torchrun as a child that dies with us; pass SIGINT / SIGTERM on to it; its exit status."""
-    # Its own session: a terminal's Ctrl-C reaches only us, and we pass exactly one signal on (torchrun sends
-    # it to the ranks, which save a checkpoint); PDEATHSIG: if we are killed, torchrun is told to stop too.
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: die_with_parent(signal.SIGTERM), start_new_session=True)
+LAUNCHER_ENV = "TIEREC_LAUNCHER_PID"  # set by `--nproc N` for its ranks: an interrupted rank then exits 0 (below)
+
+
+def run_launcher(cmd: list[str], run_dir: Path) -> int:
+    """Run torchrun as a child that dies with us; a SIGINT / SIGTERM goes to the ranks; the exit status.
+
+    The first signal goes straight to the ranks (torchrun's children): each finishes its step, the job
+    writes a checkpoint, and the ranks exit 0 so that torchrun ends quietly; we then exit 130 / 143.
+    torchrun itself is not signalled: it would print its own traceback and kill the ranks after its
+    shutdown timeout, even mid-checkpoint. A second signal kills torchrun and the ranks at once.
+    """
+    # Its own session: a terminal's Ctrl-C reaches only us. PDEATHSIG: if we are killed, torchrun is told to
+    # stop too (and the ranks die with torchrun).
+    env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, without its banner saying so
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM), start_new_session=True)
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
         forwarded.append(signum)
-        if len(forwarded) > 1:  # a second signal: stop at once
+        ranks = child_pids(proc.pid)
+        if len(forwarded) > 1 or not ranks:  # a second signal, or no rank has started yet: stop at once
+            if len(forwarded) > 1:
+                sys.stderr.write(f"tierec: second {signal.Signals(signum).name}: stopping now\n")
             proc.kill()
-        else:
-            proc.send_signal(signum)
+            for pid in ranks:
+                _kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 2.0  # gone before we are: a `--resume` right after us finds no live lock holder
+            while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sys.stderr.flush()
+            os._exit(128 + forwarded[0])
+        for pid in ranks:
+            _kill(pid, signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -164,4 +186,54 @@ def run_launcher(cmd: list[str]) -> int:
             signal.signal(s, h)
     if code < 0:  # torchrun itself was killed by a signal
         return 128 - code
+    if forwarded and code == 0 and _last_record_kind(run_dir / "metrics.jsonl") == "interrupted":
+        return 128 + forwarded[0]  # the ranks stopped on our signal and saved (not: it came after the last step)
     return code
+
+
+def _last_record_kind(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            last = f.read().splitlines()[-1]
+        return json.loads(last).get("kind")
+    except (OSError, IndexError, ValueError, AttributeError):
+        return None
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -16,10 +16,10 @@ keeps the exchanges off DDP's group), and ``Hierarchy.group_context()`` is the
 unchanged.
 
 >>> from tierec.distributed.mesh import MeshShape
->>> m = MeshShape.resolve(0, world=4, local_world=2)   # a 2-node torchrun: one group per node
+>>> m = MeshShape.resolve(2, world=4)   # e.g. a 2-node torchrun with dist.group_size = 2: a group per node
 >>> m.replicas, m.group_size, m.replica_of(3), m.shard_of(3), m.is_flat
 (2, 2, 1, 1, False)
->>> MeshShape.resolve(0, world=4, local_world=4).is_flat  # one node: one group, today's run
+>>> MeshShape.resolve(0, world=4).is_flat  # 0: one group of every rank, the flat run (on any number of nodes)
 True
 """
 
@@ -41,13 +41,13 @@ class MeshShape:
     group_size: int  # g ranks per group; W // g groups (replicas)
 
     @staticmethod
-    def resolve(group_size: int, *, world: int, local_world: int) -> MeshShape:
-        """``dist.group_size`` for a job of ``world`` ranks, ``local_world`` of them per node.
+    def resolve(group_size: int, *, world: int) -> MeshShape:
+        """``dist.group_size`` for a job of ``world`` ranks; 0 means one group of every rank (the flat run).
 
-        0 means one group per node: on one node that is all ranks (the flat run),
-        under a multi-node torchrun the ranks of each node.
+        0 stays the flat run under a multi-node torchrun too: a group per node is
+        ``dist.group_size = <processes per node>`` (docs/distributed.md says why).
         """
-        g = group_size or (local_world if 0 < local_world < world else world)
+        g = group_size or world
         if g > world or world % g:
             raise ConfigError(f"dist.group_size {g} must divide the world size {world}")
         return MeshShape(world=world, group_size=g)
@@ -97,7 +97,7 @@ class Hierarchy:
         """Create the mesh's groups; every rank of the job must call it, in the same order."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        shape = MeshShape.resolve(group_size, world=ctx.world_size, local_world=ctx.local_world_size)
+        shape = MeshShape.resolve(group_size, world=ctx.world_size)
         mesh = init_device_mesh(ctx.device.type, (shape.replicas, shape.group_size), mesh_dim_names=MESH_DIMS)
         sparse = None
         for r in range(shape.replicas):  # new_group is collective: every rank creates every group

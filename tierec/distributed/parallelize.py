@@ -11,7 +11,10 @@ what differs is applied to its components here, the way torchtitan's
   ``ShardedEmbeddingCollection`` over its (empty) storages, whatever they are
   (plain, tiered, pruned, both); the dense model is wrapped in
   DistributedDataParallel; the pruner gets the job's collectives, so the budget
-  (``prune.memory_budget`` / ``prune.target_ratio``) and the threshold are job-wide;
+  (``prune.memory_budget`` / ``prune.target_ratio``) and the threshold are job-wide.
+  With ``dist.group_size`` making several groups (Hierarchical Training), the
+  same happens on the rank's group of a 2-D mesh, plus the cross-group
+  synchronisation (``hierarchical.Hierarchical``, returned);
 - :func:`check_job`: combinations a job cannot run, as one line naming the keys.
 
 Every rank reads the same global batches and keeps its slice (``data.slice_batch``);
@@ -39,6 +42,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import Config, ConfigError
 from tierec.distributed.context import DistContext
+from tierec.distributed.hierarchical import Hierarchical
+from tierec.distributed.mesh import MeshShape
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 
 
@@ -67,6 +72,18 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
         raise ConfigError(
             "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
             "set dist.hot_rows = 0 (or prune.enabled = false)"
+        )
+    if MeshShape.resolve(cfg.dist.group_size, world=ctx.world_size).is_flat or cfg.dist.cross_group != "average":
+        return
+    if cfg.prune.enabled:  # (docs/distributed.md, "Every storage on a mesh")
+        raise ConfigError(
+            'prune.enabled with dist.cross_group = "average" on a mesh of groups: the replicas would prune different '
+            'chunks of a row between averages; use dist.cross_group = "gradients" (or prune.enabled = false)'
+        )
+    if cfg.dist.hot_rows:
+        raise ConfigError(
+            'dist.hot_rows with dist.cross_group = "average" on a mesh of groups: hot rows are not averaged across '
+            'groups; set dist.hot_rows = 0 or dist.cross_group = "gradients"'
         )
 
 
@@ -99,16 +116,26 @@ class JobSums:
         return out.view(np.uint64) if arr.dtype == np.uint64 else out
 
 
-def parallelize(parts: Any, ctx: DistContext, cfg: Config) -> Any:
-    """Shard ``parts``' embedding collections over the job, wrap its dense model in DDP (in place; returned)."""
+def parallelize(parts: Any, ctx: DistContext, cfg: Config) -> Hierarchical | None:
+    """Shard ``parts``' embedding collections over the job, wrap its dense model in DDP (in place).
+
+    On a mesh of several groups (``dist.group_size``) the collections are sharded over the rank's
+    group and the groups synchronised; returns that ``Hierarchical`` (None for a flat job).
+    """
     check_job(cfg, ctx)
+    mesh = Hierarchical.build(ctx, cfg.dist)
+    if mesh is not None:
+        mesh.apply(parts)
+        if parts.pruner is not None:
+            parts.pruner.job = JobSums(mesh.group_ctx)  # each group prunes its replica, as a job of its own
+        return mesh
     parts.embeddings = ShardedEmbeddingCollection(parts.embeddings, ctx, cfg.dist)
     if parts.wide is not None:
         parts.wide = ShardedEmbeddingCollection(parts.wide, ctx, cfg.dist)
     parts.ddp = DistributedDataParallel(parts.model, process_group=ctx.dense_group, forward_sync_buffers=False)
     if parts.pruner is not None:
         parts.pruner.job = JobSums(ctx)  # it keeps the shard's collection: its groups are this rank's rows
-    return parts
+    return None
 
 
 def sharded_collections(parts: Any) -> list[ShardedEmbeddingCollection]:

@@ -1,7 +1,7 @@
 """Embedding rows across groups: summed gradients (``gradients``) or averaged rows (``average``).
 
-Both act on one owner shard (a ``TableGroup`` holding the rows this rank owns
-inside its group) and talk only to the ranks that own the same shard in the
+Both act on one owner shard (the ``RowStorage`` holding the rows this rank owns
+inside its group: plain, tiered, or for ``gradients`` pruned) and talk only to the ranks that own the same shard in the
 other groups (the replica group), since ownership inside a group depends only
 on (table, id) and the group size.
 
@@ -9,7 +9,7 @@ on (table, id) and the group size.
   of the rows touched in any group are summed across replicas; every replica
   then updates the union of the rows with the same sums, so the replicas stay
   identical and (uncompressed) the run equals the flat one.
-- ``RowAverager``: ``touch(rows)`` before an update keeps the row's record
+- ``RowAverager``: ``touch(keys, tabs)`` before an update keeps the row's record
   (weights and optimizer state) as of the last sync, its *anchor*, once per
   sync period; ``sync()`` sends each touched row's change since its anchor
   (compressed, error feedback per row), and every replica sets each row of the
@@ -23,8 +23,8 @@ on (table, id) and the group size.
 >>> from tierec.embedding.group import TableGroup
 >>> from tierec.embedding.table import TableConfig
 >>> g = TableGroup([TableConfig(name="t", dim=2, features=["f"])])
->>> rows = g.lookup(np.array([3], dtype=np.int64), np.zeros(1, dtype=np.int32), insert=True)
->>> r, s = RowGradientSync(g, codec("none"), None).reduce(rows, torch.ones(1, 2))
+>>> keys, tabs = np.array([3], dtype=np.int64), np.zeros(1, dtype=np.int32)
+>>> r, s, _ = RowGradientSync(g, codec("none"), None).reduce(keys, tabs, torch.ones(1, 2))
 >>> r.tolist(), s.tolist()
 ([0], [[1.0, 1.0]])
 """
@@ -36,15 +36,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tierec.distributed.codecs import Codec, RowResiduals, SegmentedCodec
+from tierec.distributed.codecs import Codec, RowResiduals, SegmentedCodec, codec
 from tierec.distributed.cross import replica_sum_rows
 from tierec.distributed.exchange import Traffic
-from tierec.embedding.group import TableGroup
+from tierec.embedding.hash_index import HashIndex
+from tierec.embedding.optimizers import state_shapes
+from tierec.embedding.storage import RowStorage
 
 
-def _keys_of(group: TableGroup, rows: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    r = rows.cpu().numpy()
-    return group.index.row_keys[r].copy(), group.index.row_tabs[r].astype(np.int32)
+def record_widths(owner: RowStorage) -> list[int]:
+    """Floats per segment of the storage's row record: the weights, then each optimizer state (as ``records_of``)."""
+    shapes = state_shapes(owner.optimizer.kind, owner.dim)
+    widths = [owner.dim] + [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
+    return widths if sum(widths) == owner.record_width else [owner.record_width]
 
 
 def _replicas(group: dist.ProcessGroup | None) -> int:
@@ -52,87 +56,98 @@ def _replicas(group: dist.ProcessGroup | None) -> int:
 
 
 class RowGradientSync:
-    """``gradients`` mode for one owner shard: sum row gradients over replicas before the optimizer step."""
+    """``gradients`` mode for one owner shard: sum row gradients over replicas before the optimizer step.
 
-    def __init__(self, owner: TableGroup, c: Codec, replica_group: dist.ProcessGroup | None,
+    A storage that counts accesses (pruned rows: importance by frequency) gets
+    the accesses summed over the replicas too, sent uncompressed beside the
+    gradient, so every replica scores (and prunes) its rows as the flat run does.
+    """
+
+    def __init__(self, owner: RowStorage, c: Codec, replica_group: dist.ProcessGroup | None,
                  traffic: Traffic | None = None) -> None:
         self.owner = owner
-        self.codec = c
+        self.dim = owner.dim
+        self.counted = bool(owner.counts_accesses)
+        self.codec = SegmentedCodec([c, codec("none")], [self.dim, 1]) if self.counted else c
         self.group = replica_group
         self.traffic = traffic
-        self.residuals = RowResiduals(owner.dim) if c.lossy else None
+        self.residuals = RowResiduals(self.dim + self.counted) if c.lossy else None
 
-    def reduce(self, rows: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-        """(rows [U'], summed gradients [U', D]) over every replica's touched rows; new rows are inserted.
+    def reduce(self, keys: np.ndarray, tabs: np.ndarray, grad: Tensor, accesses: np.ndarray | None = None,
+               ) -> tuple[Tensor, Tensor, np.ndarray | None]:
+        """(rows [U'], summed gradients [U', D], summed accesses [U'] or None) over every replica's rows.
 
-        ``grad`` [U, D] is this group's gradient of its distinct ``rows`` [U].
+        ``grad`` [U, D] is this group's gradient of its distinct (``tabs``, ``keys``) pairs [U] (and
+        ``accesses`` [U] the batch's ids each served, for storages that count them); rows touched only
+        in other groups are inserted (with their deterministic initial values).
         """
-        keys, tabs = _keys_of(self.owner, rows)
-        ukeys, utabs, sums = replica_sum_rows(keys, tabs, grad.cpu(), self.codec, self.residuals, self.group,
+        values = grad.cpu()
+        if self.counted:
+            acc = np.zeros(keys.shape[0], dtype=np.float32) if accesses is None else accesses
+            values = torch.cat([values, torch.from_numpy(np.asarray(acc, dtype=np.float32)).unsqueeze(1)], 1)
+        ukeys, utabs, sums = replica_sum_rows(keys, tabs, values, self.codec, self.residuals, self.group,
                                               self.traffic, "grads")
         urows = self.owner.lookup(ukeys, utabs, insert=True)
-        return urows, sums
+        if not self.counted:
+            return urows, sums, None
+        return urows, sums[:, : self.dim].contiguous(), sums[:, self.dim].numpy().copy()
 
 
 class RowAverager:
-    """``average`` mode for one owner shard: average the rows touched since the last sync across replicas."""
+    """``average`` mode for one owner shard: average the rows touched since the last sync across replicas.
 
-    def __init__(self, owner: TableGroup, c: Codec, replica_group: dist.ProcessGroup | None,
+    Rows are kept by (table, id) and read and written as whole records
+    (``records_of`` / ``put_records``), so the shard may be any storage whose
+    records have a fixed width (whole rows: in memory or tiered).
+    """
+
+    def __init__(self, owner: RowStorage, c: Codec, replica_group: dist.ProcessGroup | None,
                  traffic: Traffic | None = None) -> None:
         self.owner = owner
         self.group = replica_group
         self.traffic = traffic
-        self.names = sorted(owner.state)
-        widths = [owner.dim] + [int(np.prod(owner.state[n].shape[1:])) for n in self.names]
-        self.widths = widths  # weights, then each optimizer state, in floats per row
-        self.width = sum(widths)  # floats per record: weights, then each optimizer state
-        self.codec = SegmentedCodec(c, widths)
+        self.widths = record_widths(owner)  # weights, then each optimizer state, in floats per row
+        self.width = owner.record_width  # floats per record
+        self.codec = SegmentedCodec(c, self.widths)
         self.residuals = RowResiduals(self.width) if c.lossy else None
-        self._slot = np.full(0, -1, dtype=np.int64)  # [rows] position in the anchors, -1 = untouched
-        self._rows: list[np.ndarray] = []  # touched rows, in touch order
-        self._anchors: list[Tensor] = []  # their records at first touch [n, width]
+        self.forget()
 
-    def records(self, rows: Tensor) -> Tensor:  # [U] -> [U, width]
-        o, n = self.owner, rows.shape[0]
-        parts = [o.weights.index_select(0, rows)]
-        parts += [o.state[name].index_select(0, rows).reshape(n, w) for name, w in zip(self.names, self.widths[1:])]
-        return torch.cat(parts, 1).cpu()
+    def records(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor:  # [U] -> [U, width]
+        return torch.from_numpy(self.owner.records_of(keys, tabs)[1])
 
-    def write(self, rows: Tensor, rec: Tensor) -> None:
-        o = self.owner
-        parts = torch.split(rec.to(o.device), self.widths, 1)
-        o.weights.index_copy_(0, rows, parts[0])
-        for n, p in zip(self.names, parts[1:]):
-            o.state[n].index_copy_(0, rows, p.reshape(p.shape[0], *o.state[n].shape[1:]))
+    def write(self, keys: np.ndarray, tabs: np.ndarray, rec: Tensor) -> None:
+        self.owner.put_records(keys, tabs, rec.numpy())
 
     @property
     def touched(self) -> int:
-        return sum(r.shape[0] for r in self._rows)
+        return self._seen.num_rows
 
-    def touch(self, rows: Tensor) -> None:
-        """Call with distinct owner ``rows`` [U] before they are updated: keeps the anchors of new ones."""
-        r = rows.cpu().numpy()
-        if r.size and int(r.max()) >= self._slot.shape[0]:
-            grown = np.full(max(int(r.max()) + 1, 2 * self._slot.shape[0]), -1, dtype=np.int64)
-            grown[: self._slot.shape[0]] = self._slot
-            self._slot = grown
-        new = r[self._slot[r] < 0]
+    def touch(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones."""
+        new = self._seen.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).new
         if new.size:
-            self._slot[new] = self.touched + np.arange(new.size)
-            self._rows.append(new)
-            self._anchors.append(self.records(torch.from_numpy(new)))
+            k, t = keys[new].copy(), tabs[new].astype(np.int32)
+            self._keys.append(k)
+            self._tabs.append(t)
+            self._anchors.append(self.records(k, t))
+
+    def forget(self) -> None:
+        """Drop the anchors (after a sync, or a loaded checkpoint: every replica's rows are their last synced values)."""
+        self._seen = HashIndex()  # (table, id) touched since the last sync
+        self._keys: list[np.ndarray] = []
+        self._tabs: list[np.ndarray] = []
+        self._anchors: list[Tensor] = []  # their records at first touch [n, width]
 
     def sync(self) -> int:
         """Average the touched rows across replicas; returns the rows of the union. Collective."""
-        rows = torch.from_numpy(np.concatenate(self._rows)) if self._rows else torch.zeros(0, dtype=torch.int64)
+        keys = np.concatenate(self._keys) if self._keys else np.zeros(0, dtype=np.int64)
+        tabs = np.concatenate(self._tabs) if self._tabs else np.zeros(0, dtype=np.int32)
         anchors = torch.cat(self._anchors) if self._anchors else torch.zeros(0, self.width)
-        delta = self.records(rows) - anchors  # [T, width]
-        keys, tabs = _keys_of(self.owner, rows)
+        delta = self.records(keys, tabs) - anchors  # [T, width]
         ukeys, utabs, sums = replica_sum_rows(keys, tabs, delta, self.codec, self.residuals, self.group,
                                               self.traffic, "avg")
-        self.write(rows, anchors)  # every replica now holds the anchor of every row of the union
-        urows = self.owner.lookup(ukeys, utabs, insert=True)
-        self.write(urows, self.records(urows) + sums / _replicas(self.group))
-        self._slot[rows.numpy()] = -1
-        self._rows, self._anchors = [], []
-        return int(urows.shape[0])
+        self.write(keys, tabs, anchors)  # every replica now holds the anchor of every row of the union
+        self.owner.lookup(ukeys, utabs, insert=True)  # rows touched only elsewhere: their initial values
+        self.write(ukeys, utabs, self.records(ukeys, utabs) + sums / _replicas(self.group))
+        self.forget()
+        return int(ukeys.shape[0])

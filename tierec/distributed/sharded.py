@@ -87,6 +87,8 @@ class _Served:
     recv_splits: list[int]  # [W] ids received from each rank
     owner_rows: Tensor  # [U_o] rows of the distinct received pairs in this rank's shard
     owner_inverse: Tensor  # [M] received id -> position in owner_rows
+    owner_keys: np.ndarray  # [U_o] their (table, id) pairs: ids ...
+    owner_tabs: np.ndarray  # [U_o] ... and tables within the group
 
 
 class _GroupShard:
@@ -104,9 +106,10 @@ class _GroupShard:
         self.steps = 0  # training steps this group has taken (drives the hot refresh)
         self.counts_steps = counts_steps  # this group advances traffic.steps
         self.grad_divisor = ctx.world_size  # each rank's loss is scaled by W / B (hierarchical: the job's W)
-        # Hierarchical training (tierec/distributed/hierarchical.py): called with the owner's rows and their
-        # summed gradients before the fused step; returns the rows and gradients to update.
-        self.cross: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None
+        # Hierarchical training (tierec/distributed/hierarchical.py): called before the fused step with the
+        # owner's (keys, tables, rows, summed gradients, accesses or None); returns the rows, gradients and
+        # accesses to update (rows touched in other groups included).
+        self.cross: Callable[..., tuple[Tensor, Tensor, np.ndarray | None]] | None = None
 
     def owner_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         return owner_of(keys, tabs, self.ctx.world_size)
@@ -172,7 +175,7 @@ class _GroupShard:
             emb[torch.from_numpy(req.hot_pos)] = self.hot.group.gather(req.hot_rows).cpu()
         if train:
             self.hot.count(req.keys, req.tabs)
-        return _Served(req, recv_splits, orows, oinv_t), emb
+        return _Served(req, recv_splits, orows, oinv_t, okeys, otabs), emb
 
     # ------------------------------------------------ 5. gradients to owners
 
@@ -190,9 +193,8 @@ class _GroupShard:
         summed = torch.zeros(served.owner_rows.shape[0], width).index_add_(0, served.owner_inverse, recv)  # [U_o, width]
         acc = summed[:, d].numpy().copy() if counted else None
         rows, summed = served.owner_rows, summed[:, :d].contiguous()  # [U_o, D]
-        if self.cross is not None:
-            rows, summed = self.cross(rows, summed)
-            acc = None  # cross-group sync (issue 14) is not combined with storages that count accesses
+        if self.cross is not None:  # hierarchical training: across the replicas of this shard first
+            rows, summed, acc = self.cross(served.owner_keys, served.owner_tabs, rows, summed, acc)
         self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device), accesses=acc)
         self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
         self.steps += 1

@@ -42,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba as nb
 import numpy as np
 
+from tierec.errors import DiskFullError, free_bytes, is_disk_full
+
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _pread = _LIBC.pread
 _pread.restype = ctypes.c_ssize_t
@@ -248,11 +250,20 @@ class DiskTier:
     def _pwrite(self, buf: np.ndarray, offset: int) -> None:
         view = memoryview(np.ascontiguousarray(buf)).cast("B")
         done = 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], offset + done)
+        try:
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], offset + done)
+            if self.drop_cache_after_io:  # written back now (one sequential write)
+                os.fdatasync(self.fd)
+        except OSError as e:  # a full disk: one line naming the directory and the bytes (tierec.errors)
+            if not is_disk_full(e):
+                raise
+            where = os.path.dirname(self.path)
+            hint = ("free space there or give another store.disk_path (--resume --set store.disk_path=DIR), "
+                    "then continue with --resume (the last complete checkpoint is intact)")
+            raise DiskFullError(where, len(view) - done, free_bytes(where), what="the disk tier's rows in", hint=hint) from None
         self.bytes_written += len(view)
-        if self.drop_cache_after_io:  # written back now (one sequential write), then dropped
-            os.fdatasync(self.fd)
+        if self.drop_cache_after_io:  # then dropped from the page cache
             lo = offset - offset % _PAGE
             os.posix_fadvise(self.fd, lo, offset + len(view) - lo, os.POSIX_FADV_DONTNEED)
 

@@ -68,6 +68,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from tierec.errors import naming_disk_full
 from tierec.paths import quote
 from tierec.train.integrity import verify_checksums, write_checksums
 
@@ -122,15 +123,22 @@ def write_part(tmp: Path, rank: int, tensors: Mapping[str, Tensor], rows: RowChu
     is never held in RAM beyond one chunk on either side of the disk.
     """
     names = [state_file(rank)]
-    path = tmp / names[0]
-    save_file(prepare_tensors(tensors), path)
-    fsync_file(path)
+    write_tensors(tmp / names[0], prepare_tensors(tensors))
     for seq, (label, chunk) in enumerate(rows):
         names.append(rows_file(rank, seq))
-        path = tmp / names[-1]
-        save_file(prepare_tensors(chunk), path, metadata={"label": label})
-        fsync_file(path)
+        write_tensors(tmp / names[-1], prepare_tensors(chunk), {"label": label})
     return names
+
+
+def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    """One safetensors file, synced; a full disk is a DiskFullError naming the file and its bytes."""
+    needed = sum(t.numel() * t.element_size() for t in tensors.values())
+    with naming_disk_full(path, needed, "the checkpoint file"):
+        if metadata is None:
+            save_file(tensors, path)
+        else:
+            save_file(tensors, path, metadata=metadata)
+        fsync_file(path)
 
 
 def begin_checkpoint(run_dir: Path, step: int, tag: str | None = None) -> Path:
@@ -215,8 +223,12 @@ def save_checkpoint(
     run_dir = Path(run_dir)
     if ctx is None or not ctx.is_distributed:
         tmp = begin_checkpoint(run_dir, step)
-        write_part(tmp, 0, tensors, rows)
-        return commit_checkpoint(run_dir, tmp, step, meta, 1, keep)
+        try:
+            write_part(tmp, 0, tensors, rows)
+            return commit_checkpoint(run_dir, tmp, step, meta, 1, keep)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # unpublished: gone at once (frees a full disk), `latest` unchanged
+            raise
     tmp = run_dir / f".tmp-{checkpoint_name(step)}-sharded"
     if ctx.is_main:
         begin_checkpoint(run_dir, step, tag="sharded")
@@ -445,7 +457,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_durably(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with naming_disk_full(path, len(text.encode()), "the checkpoint file"), open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

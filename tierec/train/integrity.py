@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tierec.errors import naming_disk_full
+
 CHECKSUMS_FILE = "checksums.json"
 ALGORITHM = "sha256"
 _PIECE = 4 << 20  # bytes hashed at a time
@@ -62,8 +64,10 @@ def write_checksums(ckpt: Path) -> None:
     """Record size and digest of every file under ``ckpt`` in ``ckpt/checksums.json`` (written durably)."""
     ckpt = Path(ckpt)
     files = {rel: {"bytes": (ckpt / rel).stat().st_size, ALGORITHM: file_digest(ckpt / rel)} for rel in _files(ckpt)}
-    with open(ckpt / CHECKSUMS_FILE, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"algorithm": ALGORITHM, "files": files}, indent=1))
+    text = json.dumps({"algorithm": ALGORITHM, "files": files}, indent=1)
+    path = ckpt / CHECKSUMS_FILE
+    with naming_disk_full(path, len(text.encode()), "the checkpoint file"), open(path, "w", encoding="utf-8") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 

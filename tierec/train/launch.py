@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from tierec.config import Config, ConfigError
 from tierec.distributed.context import DistContext
-from tierec.distributed.launch import die_with_parent, run_launcher, torchrun_command
+from tierec.distributed.launch import LAUNCHER_ENV, die_with_parent, run_launcher, torchrun_command
 from tierec.train.checkpoint import CheckpointError
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 
@@ -43,7 +43,7 @@ def run_train(
     Outside torchrun (``--nproc N``) it re-launches the same command under torchrun
     (one machine) with the run directory fixed, and waits; torchrun and the ranks
     die with the launcher (PR_SET_PDEATHSIG), and a SIGINT or SIGTERM the launcher
-    gets is passed on. Inside torchrun it joins the job, checks that every rank
+    gets goes to the ranks (``run_launcher``). Inside torchrun it joins the job, checks that every rank
     has the same config, rank 0 claims the run directory, and every rank trains;
     rank 0 reports. A lost rank ends every other rank with one line naming it and
     exit status 3; a config or run-directory error ends every rank with exit 2.
@@ -54,27 +54,34 @@ def run_train(
     if not launched_by_torchrun():
         if nproc <= 1:
             raise ValueError("run_train needs --nproc > 1 or a torchrun environment")
-        return run_launcher(torchrun_command(nproc, _with_run_dir(argv, run_dir)))
+        return run_launcher(torchrun_command(nproc, _with_run_dir(argv, run_dir)), run_dir)
 
     die_with_parent(signal.SIGKILL)  # torchrun gone (killed): so are its ranks; the run dir lock goes stale
-    ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
-    try:
-        check_same_config(cfg, ctx.rank, ctx.world_size, group=ctx.dense_group)
-        shared = [str(run_dir)]
-        dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
-        with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite), GracefulStop() as stop:
-            summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume, stop=stop)
-    except (ConfigError, CheckpointError, TrainingDiverged, Interrupted) as e:
-        # the same on every rank: exit without tearing down the group (it can block)
-        if ctx.is_main or not isinstance(e, Interrupted):
-            prefix = "tierec: " if isinstance(e, Interrupted) else "tierec: error: "
-            print(f"{prefix}{e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(e.status if isinstance(e, Interrupted) else 2)
+    # Signals are caught from here on: one during setup stops the run after its first step, with a checkpoint.
+    with GracefulStop(announce=os.environ.get("RANK", "0") == "0") as stop:
+        ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
+        try:
+            check_same_config(cfg, ctx.rank, ctx.world_size, group=ctx.dense_group)
+            shared = [str(run_dir)]
+            dist.broadcast_object_list(shared, src=0, group=ctx.dense_group)  # a default run dir names rank 0's clock
+            with _claimed(ctx, Path(shared[0]), resume=resume, overwrite=overwrite):
+                summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume, stop=stop)
+        except (ConfigError, CheckpointError, TrainingDiverged, Interrupted) as e:
+            # the same on every rank: exit without tearing down the group (it can block)
+            if ctx.is_main or not isinstance(e, Interrupted):
+                prefix = "tierec: " if isinstance(e, Interrupted) else "tierec: error: "
+                print(f"{prefix}{e}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(interrupted_status(e) if isinstance(e, Interrupted) else 2)
     ctx.close()
     if ctx.is_main:
         report(summary)
     return 0
+
+
+def interrupted_status(e: Interrupted) -> int:
+    """A rank's exit status after a signal: 0 under `--nproc N` (its launcher reports 130 / 143), else e.status."""
+    return 0 if os.environ.get(LAUNCHER_ENV) else e.status
 
 
 @contextmanager

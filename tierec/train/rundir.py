@@ -62,6 +62,7 @@ SAFE_ON_RESUME = (
     "data.prefetch_batches",
     "dist.timeout_s",
     "dist.heartbeat_s",
+    "store.disk_path",  # the disk tier's file is scratch (unlinked); its rows come back from the checkpoint
 )
 
 
@@ -177,13 +178,19 @@ def _me() -> dict[str, Any]:
 
 
 def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+        return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+    except OSError:
+        return True  # no /proc: assume it runs
 
 
 def _refuse_live_holder(run_dir: Path) -> None:

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -73,23 +73,38 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
 
 
 def iter_shards(ckpt: Path) -> Iterator[dict[str, Tensor]]:
-    """The tensors of each shard in rank order (the first holds the dense state), checked against the manifest."""
-    for entry in read_manifest(ckpt)["_sharded"]["shards"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("bytes"), int):
-            raise CheckpointError(f"{ckpt / MANIFEST_FILE}: malformed shard entry {quote(entry)} (needs file and bytes)")
-        try:
-            p = ckpt / safe_member(entry["file"], str(ckpt / MANIFEST_FILE))
-        except ConfigError as e:
-            raise CheckpointError(str(e)) from None
-        if not p.is_file():
-            raise CheckpointError(f"checkpoint {ckpt} is incomplete: {entry['file']} is missing")
-        if p.stat().st_size != entry["bytes"]:
-            raise CheckpointError(f"checkpoint {ckpt} is corrupt: {entry['file']} has {p.stat().st_size} bytes, "
-                                  f"expected {entry['bytes']}")
+    """The tensors of each shard in rank order (the first holds the dense state), checked against the manifest.
+
+    Every shard is checked (name, size, header) before the first is yielded: a job restores shards as they come,
+    so a damaged later shard must not leave the rows of earlier ones behind when resume falls back to an older
+    checkpoint.
+    """
+    paths = [_checked_shard(ckpt, entry) for entry in read_manifest(ckpt)["_sharded"]["shards"]]
+    for p in paths:
         try:
             yield load_file(p)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {entry['file']} ({e})") from None
+            raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {p.name} ({e})") from None
+
+
+def _checked_shard(ckpt: Path, entry: Any) -> Path:
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("bytes"), int):
+        raise CheckpointError(f"{ckpt / MANIFEST_FILE}: malformed shard entry {quote(entry)} (needs file and bytes)")
+    try:
+        p = ckpt / safe_member(entry["file"], str(ckpt / MANIFEST_FILE))
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {entry['file']} is missing")
+    if p.stat().st_size != entry["bytes"]:
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: {entry['file']} has {p.stat().st_size} bytes, "
+                              f"expected {entry['bytes']}")
+    try:
+        with safe_open(p, "pt"):  # the header only: cheap
+            pass
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {entry['file']} ({e})") from None
+    return p
 
 
 def checkpoint_meta(ckpt: Path) -> dict[str, Any]:

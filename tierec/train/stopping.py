@@ -41,19 +41,22 @@ class GracefulStop:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, *, announce: bool = True) -> None:
         self.requested: int | None = None
+        self.announce = announce  # say so on stderr (in a job: rank 0 only)
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.requested is not None:
-            sys.stderr.write(f"tierec: second {signal.Signals(signum).name}: stopping now\n")
-            sys.stderr.flush()
+            self._say(f"tierec: second {signal.Signals(signum).name}: stopping now\n")
             os._exit(128 + signum)
         self.requested = signum
-        sys.stderr.write(f"tierec: {signal.Signals(signum).name}: finishing this step and saving a checkpoint "
-                         "(again to stop at once)\n")
-        sys.stderr.flush()
+        self._say(f"tierec: {signal.Signals(signum).name}: finishing this step and saving a checkpoint (again to stop at once)\n")
+
+    def _say(self, line: str) -> None:
+        if self.announce:
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there

@@ -179,12 +179,12 @@ class Trainer:
                     pos.batch_in_epoch += 1
                     rate = samples / max(busy, 1e-9)
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{parts.embedding_rows():,}", refresh=False, **_prune_postfix(parts), **store.postfix())
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{parts.embedding_rows():,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
                     if pos.step % 50 == 0 or pos.step == total:
                         bytes_ = parts.embedding_bytes()
-                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_, **store.record()})
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_, **store.record(), **self.job.bytes_record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), ckpt_dir, pos, eval_split)
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience
@@ -287,6 +287,7 @@ class Trainer:
         # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
         (loss_sum * self.job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
         parts.optimizer.step()
+        self.job.after_step()  # on a mesh: the cross-group averaging that is due
         return self.job.mean_loss(loss_sum, batch)
 
     def _log_prune(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> None:
@@ -303,6 +304,7 @@ class Trainer:
             (bar.write if bar is not None else self.echo)(line)
 
     def _eval(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None, split: str = "test") -> dict[str, float]:
+        self.job.settle()  # on a mesh: the replicas agree first
         if self.job.distributed:
             from tierec.distributed.evaluate import evaluate_sharded
 
@@ -344,14 +346,18 @@ class Trainer:
         return probe.num_batches * t.epochs
 
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
-        tensors, skeleton = snapshot_state(parts)
-        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg)}
-        # rows streamed in chunks; on several processes every rank writes its own (a collective)
-        save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=self.job.ctx)
+        # rows streamed in chunks; on several processes every rank writes its own (a collective);
+        # on a mesh of groups one replica (synced first): group 0's ranks
+        writers = self.job.checkpoint_writers()
+        if writers is not None:
+            tensors, skeleton = snapshot_state(parts)
+            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+            save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=writers)
+        self.job.checkpoint_written()
 
     def _restore_from(self, parts: Components, ckpt: Path) -> dict:
         """Restore a checkpoint of any world size; each process keeps the rows it owns."""
-        ctx = self.job.ctx
+        ctx = self.job.shard_ctx  # on a mesh: the rank's group (each replica loads every row)
         if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
             return restore_sharded(ckpt, ctx, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
         loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
@@ -363,7 +369,7 @@ class Trainer:
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
         meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
-        self.job.steps_run = int(meta["position"]["step"])
+        self.job.resumed_at(int(meta["position"]["step"]))
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")
         return pos

@@ -1,20 +1,23 @@
 """A table far beyond its memory budget, end to end: trained, checkpointed, resumed, beside the same run in memory.
 
 Runs ``tierec train`` on the Criteo-shaped synthetic stream (26 sparse features,
-Zipf skew, dim 64, row-wise Adagrad) three times, each in a fresh process:
+Zipf skew, dim 64, row-wise Adagrad) in three stages, each a fresh process:
 
-1. ``tiered``: ``store.memory_budget`` (at most 1/8 of the table's bytes by
+1. ``memory``: the whole stream with every row in RAM (where it fits); it counts
+   the ids, which size the budget (and a tiny run gives the process's baseline RSS);
+2. ``tiered``: ``store.memory_budget`` (at most 1/8 of the table's bytes by
    default), rows spilling to ``--disk``; stops halfway and checkpoints;
-2. ``resumed``: the same run directory resumed to the end (loads the checkpoint,
-   trains, saves again);
-3. ``memory``: the whole stream with every row in RAM, where it fits.
+3. ``resumed``: the same run directory resumed to the end (loads the checkpoint,
+   trains, saves again).
 
-and a tiny run for the process's baseline RSS (interpreter, torch, numba). It
+``--stage all`` runs the three; ``--stage memory`` etc. one at a time (a long
+stream in several shorter invocations), ``--stage report`` only reports. It
 reports samples/s over time, peak RSS (``ru_maxrss``: it covers the saves and
 the load) beside budget + bookkeeping, bytes read from and written to the disk
 tier, and test AUC of the tiered and in-memory runs.
 
     python -m benchmarks.scale --scale 0.5 --rows 4000000 --budget-fraction 0.125 --disk /var/tmp --json out.json
+    python -m benchmarks.scale --rows 12000000 --scale 4 --work w --disk w --stage memory   # then tiered, resumed
 
 >>> from benchmarks.scale import bound_bytes
 >>> bound_bytes(budget=1 << 30, ids=10_000_000, baseline=500 << 20, dense=1 << 20) > (1 << 30) + (500 << 20)
@@ -73,50 +76,71 @@ def _rates(run: Path, batch: int, after: int = 0) -> list[tuple[int, float]]:
     return out
 
 
-def run(rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fraction: float, disk: str, memory: bool,
-        work: Path) -> dict:
+STAGES = ("memory", "tiered", "resumed")
+
+
+def _common(rows: int, scale: float, zipf: float, dim: int, batch: int) -> list[str]:
     steps = rows // batch
-    common = [
+    return [
         f"data.synthetic.train_rows={rows}", "data.synthetic.test_rows=100000", f"data.synthetic.cardinality_scale={scale}",
         f"data.synthetic.zipf={zipf}", f"embedding.dim={dim}", f"train.batch_size={batch}", "train.eval_batches=0",
         f"train.checkpoint_every={steps // 2}", "train.progress=false", f"train.max_steps={steps}",
     ]  # fmt: skip
-    # the baseline process: same code paths, a tiny table
-    base, _ = _train(work / "base", ["data.synthetic.train_rows=20000", "data.synthetic.test_rows=2000",
-                                     "data.synthetic.cardinality_scale=0.0001", f"embedding.dim={dim}", "train.progress=false"])
+
+
+def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fraction: float,
+              disk: str, work: Path) -> None:
+    """One of ``STAGES``, into ``work`` (each stage is one process run; a stage reads what the previous wrote)."""
+    steps = rows // batch
+    common = _common(rows, scale, zipf, dim, batch)
+    work.mkdir(parents=True, exist_ok=True)
+    if stage == "memory":
+        # the baseline process: same code paths, a tiny table
+        base, _ = _train(work / "base", ["data.synthetic.train_rows=20000", "data.synthetic.test_rows=2000",
+                                         "data.synthetic.cardinality_scale=0.0001", f"embedding.dim={dim}", "train.progress=false"])
+        _, wall = _train(work / "memory", common)
+        (work / "memory.wall").write_text(f"{wall}\n")
+        return
+    # the table's bytes of rows (weights + Adagrad state) decide the budget: the memory run counts the ids
+    ids = json.loads((work / "memory" / "summary.json").read_text())["embedding_rows"]
+    budget = int(budget_fraction * ids * 4 * (dim + 1))
+    if stage == "tiered":
+        store = ["store.enabled=true", f"store.memory_budget={budget}", f"store.cache_size={budget // 2}", f"store.disk_path={disk}"]
+        _, wall = _train(work / "tiered", common + store + [f"train.max_steps={steps // 2}"])
+    else:
+        if not (work / "tiered.wall").exists():
+            raise SystemExit(f"{work}: run --stage tiered first")
+        _, wall = _train(work / "tiered", [f"train.max_steps={steps}"], resume=True)
+    (work / f"{stage}.wall").write_text(f"{wall}\n")
+
+
+def report(rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fraction: float, work: Path) -> dict:
+    """The stages' results found in ``work``, with the bound each tiered run must hold."""
+    steps = rows // batch
+    base = json.loads((work / "base" / "summary.json").read_text())
     out: dict = {"rows": rows, "steps": steps, "batch": batch, "dim": dim, "scale": scale, "zipf": zipf,
                  "baseline_rss_bytes": base["peak_memory_bytes"]}
-    if memory:
-        mem, wall = _train(work / "memory", common)
-        out["memory"] = {**_summary(mem), "wall_s": wall, "rates": _rates(work / "memory", batch)}
-        table = mem["embedding_bytes"]
-    else:
-        table = None
-    # the table's bytes of rows (weights + Adagrad state) decide the budget; without the memory run, a first
-    # tiered run over the stream counts them
-    ids_hint = out["memory"]["embedding_rows"] if memory else None
-    row_bytes = 4 * (dim + 1)
-    if ids_hint is None:
-        raise SystemExit("--no-memory needs --budget")  # keep it simple: the memory run sizes the budget
-    budget = int(budget_fraction * ids_hint * row_bytes)
-    store = ["store.enabled=true", f"store.memory_budget={budget}", f"store.cache_size={budget // 2}", f"store.disk_path={disk}"]
-    half, wall1 = _train(work / "tiered", common + store + [f"train.max_steps={steps // 2}"])
-    rates1 = _rates(work / "tiered", batch)
-    full, wall2 = _train(work / "tiered", [f"train.max_steps={steps}"], resume=True)
-    rates2 = _rates(work / "tiered", batch, after=steps // 2)
-    ckpt = work / "tiered" / "checkpoints"
-    ckpt_bytes = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    mem = json.loads((work / "memory" / "summary.json").read_text())
+    out["memory"] = {**_summary(mem), "wall_s": float((work / "memory.wall").read_text()), "rates": _rates(work / "memory", batch)}
+    ids = mem["embedding_rows"]
+    budget = int(budget_fraction * ids * 4 * (dim + 1))
     out["budget_bytes"] = budget
-    out["table_bytes"] = ids_hint * row_bytes
-    out["memory_table_bytes"] = table
-    out["tiered_half"] = {**_summary(half), "wall_s": wall1, "rates": rates1}
-    out["tiered_resumed"] = {**_summary(full), "wall_s": wall2, "rates": rates2}
-    out["checkpoint_bytes"] = ckpt_bytes
-    dense = 4 << 20
-    for key in ("tiered_half", "tiered_resumed"):
-        r = out[key]
-        r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], dense)
+    out["table_bytes"] = ids * 4 * (dim + 1)
+    out["memory_table_bytes"] = mem["embedding_bytes"]
+    tiered = work / "tiered"
+    half_summary = tiered / "summary.half.json"
+    if (work / "tiered.wall").exists() and not half_summary.exists():  # keep the first half's summary past the resume
+        half_summary.write_text((tiered / "summary.json").read_text())
+    for key, stage, after in (("tiered_half", "tiered", 0), ("tiered_resumed", "resumed", steps // 2)):
+        if not (work / f"{stage}.wall").exists():
+            continue
+        s = json.loads((half_summary if stage == "tiered" else tiered / "summary.json").read_text())
+        rates = [r for r in _rates(tiered, batch, after=after) if stage == "resumed" or r[0] <= steps // 2]
+        r = {**_summary(s), "wall_s": float((work / f"{stage}.wall").read_text()), "rates": rates}
+        r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], 4 << 20)
         r["within_bound"] = r["peak_memory_bytes"] <= r["bound_bytes"]
+        out[key] = r
+    out["checkpoint_bytes"] = sum(p.stat().st_size for p in (tiered / "checkpoints").rglob("*") if p.is_file()) if tiered.exists() else 0
     return out
 
 
@@ -141,9 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--work", default="", help="directory for the run directories (default: a temp dir)")
     p.add_argument("--json", default="", help="write the result here too")
+    p.add_argument("--stage", choices=("all", *STAGES, "report"), default="all",
+                   help="run one stage (memory, then tiered, then resumed: each one process run) or all; then report")
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="tierec-scale-"))
-    res = run(a.rows, a.scale, a.zipf, a.dim, a.batch, a.budget_fraction, a.disk or tempfile.gettempdir(), True, work)
+    shape = (a.rows, a.scale, a.zipf, a.dim, a.batch)
+    for stage in STAGES if a.stage == "all" else () if a.stage == "report" else (a.stage,):
+        run_stage(stage, *shape, a.budget_fraction, a.disk or tempfile.gettempdir(), work)
+        if stage == "tiered":
+            report(*shape, a.budget_fraction, work)  # keeps the first half's summary
+    res = report(*shape, a.budget_fraction, work)
     text = json.dumps(res, indent=1)
     if a.json:
         Path(a.json).write_text(text + "\n")

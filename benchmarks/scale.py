@@ -8,9 +8,11 @@ Zipf skew, dim 64, row-wise Adagrad) in three stages, each a fresh process:
 2. ``tiered``: ``store.memory_budget`` (at most 1/8 of the table's bytes by
    default), rows spilling to ``--disk``; stops halfway and checkpoints;
 3. ``resumed``: the same run directory resumed to the end (loads the checkpoint,
-   trains, saves again).
+   trains, saves again);
+4. ``two``: the same stream on 2 processes (``--nproc 2``), each tiering its
+   shard with half the budget (``store.memory_budget`` is per process).
 
-``--stage all`` runs the three; ``--stage memory`` etc. one at a time (a long
+``--stage all`` runs the four; ``--stage memory`` etc. one at a time (a long
 stream in several shorter invocations), ``--stage report`` only reports. It
 reports samples/s over time, peak RSS (``ru_maxrss``: it covers the saves and
 the load) beside budget + bookkeeping, bytes read from and written to the disk
@@ -45,8 +47,10 @@ def bound_bytes(budget: int, ids: int, baseline: int, dense: int) -> int:
     return budget + ids * DIRECTORY_BYTES_PER_ID + baseline + dense + CHECKPOINT_CHUNKS * CHUNK_BYTES + (64 << 20)
 
 
-def _train(run: Path, overrides: list[str], resume: bool = False) -> tuple[dict, float]:
+def _train(run: Path, overrides: list[str], resume: bool = False, nproc: int = 1) -> tuple[dict, float]:
     args = [sys.executable, "-m", "tierec", "train", "--run-dir", str(run), "--no-progress"]
+    if nproc > 1:
+        args += ["--nproc", str(nproc)]
     if resume:
         args.append("--resume")
     for o in overrides:
@@ -76,7 +80,7 @@ def _rates(run: Path, batch: int, after: int = 0) -> list[tuple[int, float]]:
     return out
 
 
-STAGES = ("memory", "tiered", "resumed")
+STAGES = ("memory", "tiered", "resumed", "two")
 
 
 def _common(rows: int, scale: float, zipf: float, dim: int, batch: int) -> list[str]:
@@ -104,9 +108,13 @@ def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch:
     # the table's bytes of rows (weights + Adagrad state) decide the budget: the memory run counts the ids
     ids = json.loads((work / "memory" / "summary.json").read_text())["embedding_rows"]
     budget = int(budget_fraction * ids * 4 * (dim + 1))
+    def store(b: int, where: str) -> list[str]:
+        return ["store.enabled=true", f"store.memory_budget={b}", f"store.cache_size={b // 2}", f"store.disk_path={where}"]
+
     if stage == "tiered":
-        store = ["store.enabled=true", f"store.memory_budget={budget}", f"store.cache_size={budget // 2}", f"store.disk_path={disk}"]
-        _, wall = _train(work / "tiered", common + store + [f"train.max_steps={steps // 2}"])
+        _, wall = _train(work / "tiered", common + store(budget, disk) + [f"train.max_steps={steps // 2}"])
+    elif stage == "two":  # each process tiers its shard in <disk>/two/rank-<r> with half the budget
+        _, wall = _train(work / "two", common + store(budget // 2, str(Path(disk) / "two")), nproc=2)
     else:
         if not (work / "tiered.wall").exists():
             raise SystemExit(f"{work}: run --stage tiered first")
@@ -140,6 +148,14 @@ def report(rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fr
         r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], 4 << 20)
         r["within_bound"] = r["peak_memory_bytes"] <= r["bound_bytes"]
         out[key] = r
+    if (work / "two.wall").exists():
+        s = json.loads((work / "two" / "summary.json").read_text())
+        r = {**_summary(s), "wall_s": float((work / "two.wall").read_text()), "rates": _rates(work / "two", batch)}
+        r["peak_memory_bytes_per_process"] = s.get("peak_memory_bytes_per_process", [])
+        # each process: half the budget, its share of the ids (the bound uses half the ids: sharded by id hash)
+        r["bound_bytes_per_process"] = bound_bytes(budget // 2, r["embedding_rows"] // 2, out["baseline_rss_bytes"], 4 << 20)
+        r["within_bound"] = all(m <= r["bound_bytes_per_process"] for m in r["peak_memory_bytes_per_process"])
+        out["two_processes"] = r
     out["checkpoint_bytes"] = sum(p.stat().st_size for p in (tiered / "checkpoints").rglob("*") if p.is_file()) if tiered.exists() else 0
     return out
 
@@ -166,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="", help="directory for the run directories (default: a temp dir)")
     p.add_argument("--json", default="", help="write the result here too")
     p.add_argument("--stage", choices=("all", *STAGES, "report"), default="all",
-                   help="run one stage (memory, then tiered, then resumed: each one process run) or all; then report")
+                   help="run one stage (memory, then tiered, then resumed, then two: each one run) or all; then report")
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="tierec-scale-"))
     shape = (a.rows, a.scale, a.zipf, a.dim, a.batch)

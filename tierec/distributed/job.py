@@ -178,6 +178,15 @@ class Job:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.dense_group)
         return int(t)
 
+    def gather_ints(self, value: int) -> list[int]:
+        """``value`` of every process, by rank (``[value]`` on one process)."""
+        if not self.distributed:
+            return [value]
+        t = torch.zeros(self.ctx.world_size, dtype=torch.int64)
+        t[self.ctx.rank] = value
+        dist.all_reduce(t, group=self.ctx.dense_group)
+        return [int(v) for v in t]
+
     # ------------------------------------------------------------ reports
 
     def evaluate(self, evaluate_one: Callable[[Config, Any], dict[str, float]], parts: Any, accumulator: Callable) -> dict[str, float]:

@@ -231,6 +231,8 @@ class Trainer:
             "peak_memory_bytes": peak_memory_bytes(),
             "run_dir": str(self.run_dir),
         }
+        if self.job.distributed:  # every process's own peak (rank 0's is the one above)
+            summary["peak_memory_bytes_per_process"] = self.job.gather_ints(summary["peak_memory_bytes"])
         if parts.pruner is not None:
             summary["prune"] = parts.pruner.stats()
         if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":

@@ -10,7 +10,7 @@ from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
-from tierec.prune.pruner import _select_sorted, select
+from tierec.prune.select import OneProcess, Positions, select, select_spread
 
 DIM, CHUNK = 8, 2
 
@@ -247,23 +247,50 @@ def test_selection_fills_the_budget_exactly_through_ties() -> None:
     assert select([s2], [10], 28, row_bytes=[4])[0][0].tolist() == [1, 1]
 
 
-def test_fast_selection_equals_the_sorted_greedy_one() -> None:
+def _spread(groups, sizes, budget, keys, row_bytes, n_parts, rng):
+    """select_spread over the rows cut into ``n_parts`` parts at random (as processes would hold them)."""
+    cuts = [np.sort(rng.integers(0, s.shape[0] + 1, size=n_parts - 1)) for s in groups]
+    bounds = [np.concatenate([[0], c, [s.shape[0]]]) for c, s in zip(cuts, groups)]
+    parts = [
+        Positions([s[b[i]:b[i + 1]] for s, b in zip(groups, bounds)], sizes,
+                  [k[b[i]:b[i + 1]] for k, b in zip(keys, bounds)], row_bytes)
+        for i in range(n_parts)
+    ]
+    per_part, tau = select_spread(parts, budget, OneProcess())
+    return [np.concatenate([pp[g] for pp in per_part]) for g in range(len(groups))], tau
+
+
+def test_histogram_selection_over_spread_rows_equals_the_plain_sort() -> None:
     g = np.random.default_rng(0)
-    for trial in range(30):
+    for trial in range(40):
         groups = []
         for _ in range(2):
-            raw = g.integers(0, 6, size=(40, 4)).astype(np.float32)  # many ties
+            raw = g.integers(0, 6, size=(40, 4)).astype(np.float32) * np.float32(g.choice([1.0, 0.37, 1e-30]))
             raw[g.random(40) < 0.2, 2:] = -np.inf  # rows that may not grow
+            raw[g.random(40) < 0.1, 0] = np.inf  # min_dim: must keep
             groups.append(np.maximum.accumulate(raw[:, ::-1], axis=1)[:, ::-1].copy())  # suffix max
-        perm = g.permutation(80).astype(np.uint64)  # tie keys are distinct (id hashes)
+        perm = g.permutation(80).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # distinct 64-bit tie keys
         keys = [perm[:40], perm[40:]]
-        budget = int(g.integers(0, 3000))
-        for rb in (0, 7):
-            fast, _ = select(groups, [10, 10], budget, keys, [rb, rb])
-            slow, _ = _select_sorted(groups, [10, 10], budget, keys, [rb, rb])
-            assert all((a == b).all() for a, b in zip(fast, slow)), (trial, rb)
-            spent = sum(int(c.sum()) * 10 + int((c > 0).sum()) * rb for c in fast)
-            assert spent <= budget or budget < 0
+        budget = int(g.integers(-50, 3000))
+        for sizes, rb in (([10, 10], [0, 0]), ([10, 10], [7, 7]), ([10, 24], [3, 0])):
+            plain, tau = select(groups, sizes, budget, keys, rb)
+            spent = sum(int(c.sum()) * b + int((c > 0).sum()) * r for c, b, r in zip(plain, sizes, rb))
+            must = sum(int((s == np.inf).sum()) * b + int((s[:, 0] == np.inf).sum()) * r for s, b, r in zip(groups, sizes, rb))
+            assert spent <= max(budget, must), (trial, sizes)
+            for n_parts in (1, 3):
+                spread, tau2 = _spread(groups, sizes, budget, keys, rb, n_parts, g)
+                assert all((a == b).all() for a, b in zip(plain, spread)), (trial, sizes, n_parts)
+                assert tau == tau2
+
+
+def test_select_on_distinct_scores_keeps_the_top_that_fit() -> None:
+    g = np.random.default_rng(1)
+    s = np.sort(g.random((50, 3)).astype(np.float32), axis=1)[:, ::-1].copy()
+    for budget in (0, 10, 333, 1500):
+        counts, tau = select([s], [10], budget)
+        top = np.sort(s.ravel())[::-1][: budget // 10]
+        assert int(counts[0].sum()) == top.size
+        assert tau == (-np.inf if top.size == s.size else np.inf if top.size == 0 else top.min())
 
 
 @pytest.mark.parametrize("kind", list(OptimizerKind))

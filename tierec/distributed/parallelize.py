@@ -88,7 +88,7 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
 
 
 class JobSums:
-    """The pruner's collectives over a job (``tierec.prune.pruner.JobReduce``)."""
+    """The pruner's collectives over a job (``tierec.prune.select.JobReduce``)."""
 
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx

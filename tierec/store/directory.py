@@ -51,6 +51,7 @@ from tierec.sizes import release_free_memory
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.55  # ... into one this full
 MAX_SLOTS = (1 << 32) - 1
+SPAN = 1 << 18  # lids per step of a pass over every row: its scratch stays ~10 MiB, whatever the rows
 
 # Home tier of a row (int8): only in the fast tier (or nowhere yet), host DRAM, disk.
 LOC_NONE = 0
@@ -309,8 +310,9 @@ class Directory:
     def decay(self, factor: float) -> None:
         """Multiply every row's access count by ``factor``."""
         self.c_freq *= np.float32(factor)
-        q = self.fq[: self.high]
-        q[...] = quantise(dequantise(q) * np.float32(factor))
+        for lo, hi in self.spans():
+            q = self.fq[lo:hi]
+            q[...] = quantise(dequantise(q) * np.float32(factor))
 
     def resident_scores(self, lfu: bool) -> np.ndarray:
         """Per fast-tier slot: the access count (LFU) or step of last use (LRU) of its row."""
@@ -374,8 +376,26 @@ class Directory:
     # ----------------------------------------------------------- listings
 
     def live(self) -> np.ndarray:
-        """lids of all known rows, ascending."""
+        """lids of all known rows, ascending (8 B per row: passes over every row use :meth:`live_spans`)."""
         return np.flatnonzero(self.tabs[: self.high] >= 0)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """``[lo, hi)`` ranges of at most ``SPAN`` lids covering every lid handed out."""
+        return [(lo, min(lo + SPAN, self.high)) for lo in range(0, self.high, SPAN)]
+
+    def live_spans(self):
+        """lids of the known rows, ascending, a span at a time (bounded scratch)."""
+        for lo, hi in self.spans():
+            yield lo + np.flatnonzero(self.tabs[lo:hi] >= 0)
+
+    def rows_by_loc(self, n_tables: int) -> dict[int, np.ndarray]:
+        """Rows per table [n_tables] of each home tier (``LOC_*``), a span at a time."""
+        out = {loc: np.zeros(n_tables, dtype=np.int64) for loc in (LOC_NONE, LOC_HOST, LOC_DISK)}
+        for lids in self.live_spans():
+            loc, tabs = self.loc[lids], self.tabs[lids]
+            for k, v in out.items():
+                v += np.bincount(tabs[loc == k], minlength=n_tables)
+        return out
 
     def of_table(self, table: int) -> np.ndarray:
         """lids of one table's rows, ordered by id."""

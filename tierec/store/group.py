@@ -498,10 +498,8 @@ class TieredGroup(Policies, TierState, TableGroup):
             n_t = len(self.tables)
             occupied = self.slot_lid[self.slot_lid >= 0]
             in_cache = np.bincount(d.tabs[occupied], minlength=n_t)
-            live = d.live()
-            loc = d.loc[live]
-            on_host = np.bincount(d.tabs[live[loc == LOC_HOST]], minlength=n_t)
-            on_disk = np.bincount(d.tabs[live[loc == LOC_DISK]], minlength=n_t)
+            by_loc = d.rows_by_loc(n_t)
+            on_host, on_disk = by_loc[LOC_HOST], by_loc[LOC_DISK]
             rec_bytes = self.disk.rec_bytes if self.disk is not None else 4 * self.record_width
             out = {}
             for t, table in enumerate(self.tables):

@@ -33,8 +33,8 @@ class Policies:
         if spec.decay < 1.0:
             d.decay(spec.decay)
         if spec.ttl_steps:
-            live = d.live()
-            self.delete_rows(live[self.train_steps - d.last[live] > spec.ttl_steps], Counter.DELETED_TTL)
+            old = [lids[self.train_steps - d.last[lids] > spec.ttl_steps] for lids in d.live_spans()]
+            self.delete_rows(np.concatenate(old) if old else np.empty(0, dtype=np.int64), Counter.DELETED_TTL)
         if spec.max_rows and d.num_rows > spec.max_rows:
             live = d.live()
             order = np.lexsort((d.hashes(live), d.freq[live]))  # least used first
@@ -56,11 +56,34 @@ class Policies:
         self.free_rows(lids)
         self.index.delete(lids)
 
+    def _away(self, loc: int | None = None):
+        """lids of the known rows away from the fast tier (homed in ``loc`` if given), a span at a time."""
+        d = self.index
+        for lids in d.live_spans():
+            lids = lids[d.cslot[lids] < 0]
+            yield lids if loc is None else lids[d.loc[lids] == loc]
+
+    def _extreme(self, k: int, loc: int | None, hottest: bool) -> np.ndarray:
+        """lids of the ``k`` most (least) accessed rows away from the fast tier, hottest (coldest) first.
+
+        A span at a time, keeping each span's best ``k``: the scratch is bounded by spans, not rows.
+        """
+        pick = hotness.highest if hottest else hotness.lowest
+        lids, freq = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.float32)]
+        for span in self._away(loc):
+            f = self.index.freq[span]
+            best = pick(f, k)
+            lids.append(span[best])
+            freq.append(f[best])
+        lids, freq = np.concatenate(lids), np.concatenate(freq)
+        best = pick(freq, k)
+        if not hottest:
+            best = best[np.argsort(freq[best], kind="stable")]
+        return lids[best]
+
     def _promote_to_cache(self, most: int) -> None:
         d = self.index
-        live = d.live()
-        out = live[d.cslot[live] < 0]
-        hot = out[hotness.highest(d.freq[out], most)]
+        hot = self._extreme(most, None, hottest=True)
         if hot.size == 0:
             return
         n = min(self._n_free_slots, hot.size)
@@ -81,19 +104,14 @@ class Policies:
         if self.host is None or self.disk is None:
             return
         d = self.index
-        live = d.live()
-        out = live[d.cslot[live] < 0]
-        on_disk = out[d.loc[out] == LOC_DISK]
-        hot = on_disk[hotness.highest(d.freq[on_disk], most)]
+        hot = self._extreme(most, LOC_DISK, hottest=True)
         if hot.size == 0:
             return
         fill = min(self.host.free_rows if self.host.free_rows is not None else hot.size, hot.size)
         rest = hot[fill:]
         n_swap = 0
         if rest.size:
-            on_host = out[d.loc[out] == LOC_HOST]
-            cold = on_host[hotness.lowest(d.freq[on_host], rest.size)]
-            cold = cold[np.argsort(d.freq[cold], kind="stable")]
+            cold = self._extreme(rest.size, LOC_HOST, hottest=False)
             k = min(rest.size, cold.size)
             n_swap = int(np.count_nonzero(d.freq[rest[:k]] > d.freq[cold[:k]]))
             if n_swap:  # host -> disk first, which frees their host slots

@@ -171,7 +171,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from tierec.data.shards import preprocess
+    from tierec.data.preprocess import preprocess
 
     cfg = _config(args)
     out = Path(args.out)

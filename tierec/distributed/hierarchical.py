@@ -47,7 +47,8 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.hot import HotReplica
-from tierec.distributed.mesh import Hierarchy, MeshShape
+from tierec.distributed.mesh import Hierarchy
+from tierec.distributed.mesh_shape import MeshShape
 from tierec.distributed.row_sync import RowAverager, RowGradientSync
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 from tierec.embedding.collection import EmbeddingCollection

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tierec.config import Config, ConfigError
 from tierec.distributed.context import DistContext
 from tierec.distributed.hierarchical import Hierarchical
-from tierec.distributed.mesh import MeshShape
+from tierec.distributed.mesh_shape import MeshShape
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 
 

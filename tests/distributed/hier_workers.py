@@ -152,7 +152,7 @@ def hier_collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[
         h.sync_now()
         hot = coll.hot_rows()
         coll.close()
-        result = {"state": coll.state_dict(), "hot_rows": hot, "traffic": coll.traffic.per_step(),
+        result = {"state": coll.state_dict(), "hot_rows": hot, "moves": coll.hot_moves(), "traffic": coll.traffic.per_step(),
                   "bytes": h.bytes_per_step()}
         torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")
 

@@ -80,11 +80,6 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
             'prune.enabled with dist.cross_group = "average" on a mesh of groups: the replicas would prune different '
             'chunks of a row between averages; use dist.cross_group = "gradients" (or prune.enabled = false)'
         )
-    if cfg.dist.hot_rows:
-        raise ConfigError(
-            'dist.hot_rows with dist.cross_group = "average" on a mesh of groups: hot rows are not averaged across '
-            'groups; set dist.hot_rows = 0 or dist.cross_group = "gradients"'
-        )
 
 
 class JobSums:

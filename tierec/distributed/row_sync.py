@@ -31,6 +31,8 @@ on (table, id) and the group size.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -122,14 +124,18 @@ class RowAverager:
     def touched(self) -> int:
         return self._seen.num_rows
 
-    def touch(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones."""
+    def touch(self, keys: np.ndarray, tabs: np.ndarray, read: Callable | None = None) -> None:
+        """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones.
+
+        ``read(keys, tabs)`` -> (found, records): where the rows' current records are (default the
+        owner's storage; a hot row's are in the hot replica, its owner's copy being stale).
+        """
         new = self._seen.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).new
         if new.size:
             k, t = keys[new].copy(), tabs[new].astype(np.int32)
             self._keys.append(k)
             self._tabs.append(t)
-            self._anchors.append(self.records(k, t))
+            self._anchors.append(self.records(k, t) if read is None else torch.from_numpy(read(k, t)[1]))
 
     def forget(self) -> None:
         """Drop the anchors (after a sync, or a loaded checkpoint: every replica's rows are their last synced values)."""

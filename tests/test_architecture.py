@@ -124,9 +124,7 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[str]]:
 
 
 # Known, not fixed yet (each names why); the tests fail on anything else, and on a known entry that is gone.
-# - data/shards.py opens a shard set's files through data/source.py, which reads shard sets.
-# - distributed/context.py builds the 2-D mesh (distributed/mesh.py), which takes a context (issue 14).
-KNOWN_MODULE_CYCLES = [["tierec.data.shards", "tierec.data.source"], ["tierec.distributed.context", "tierec.distributed.mesh"]]
+KNOWN_MODULE_CYCLES: list[list[str]] = []
 
 
 def test_no_import_cycle_between_packages() -> None:

@@ -171,7 +171,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_preprocess(args: argparse.Namespace) -> int:
-    from tierec.data.shards import preprocess
+    from tierec.data.preprocess import preprocess
 
     cfg = _config(args)
     out = Path(args.out)
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from the newest intact checkpoint in --run-dir, with the run's own config.toml; --set may then "
              "change only train.max_steps, train.epochs, train.eval_every, train.eval_batches, train.checkpoint_every, "
              "train.progress, train.threads, train.nan_policy, data.strict, data.prefetch_batches, dist.timeout_s, "
-             "dist.heartbeat_s (default: start from scratch)",
+             "dist.heartbeat_s, dist.group_size, store.disk_path (default: start from scratch)",
     )  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
                    help="start over in a --run-dir that holds a run (deletes only the files tierec wrote there; "

@@ -152,7 +152,7 @@ def hier_collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[
         h.sync_now()
         hot = coll.hot_rows()
         coll.close()
-        result = {"state": coll.state_dict(), "hot_rows": hot, "traffic": coll.traffic.per_step(),
+        result = {"state": coll.state_dict(), "hot_rows": hot, "moves": coll.hot_moves(), "traffic": coll.traffic.per_step(),
                   "bytes": h.bytes_per_step()}
         torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")
 
@@ -165,6 +165,8 @@ STORAGE_VARIANTS = {  # name: (tiered, pruned, cross_group)
     "tiered-grad": (True, False, "gradients"),
     "pruned-grad": (False, True, "gradients"),
     "both-grad": (True, True, "gradients"),
+    "pruned-avg": (False, True, "average"),
+    "both-avg": (True, True, "average"),
 }
 PRUNE_AT = (2, 4, 6)  # steps after which the pruner runs
 
@@ -204,11 +206,12 @@ def hier_storage_worker(ctx: DistContext, out_dir: str, names: list[str]) -> Non
     for name in names:
         tiered, pruned, mode = STORAGE_VARIANTS[name]
         coll, prune = storage_collection(str(Path(out_dir) / "disk" / name / f"rank-{ctx.rank}"), tiered, pruned, min(w, 2))
-        h = Hierarchical.build(ctx, DistConfig(group_size=2, cross_group=mode, sync_every=2)) if w > 1 else None
+        # averaging every 3 steps; pruning after steps 2, 4 and 6, so steps 2 and 4 are sync points only for it
+        h = Hierarchical.build(ctx, DistConfig(group_size=2, cross_group=mode, sync_every=3)) if w > 1 else None
         model = h.shard_collection(coll) if h is not None else coll
         job = JobSums(h.group_ctx) if h is not None else None
         pruner = Pruner(coll, prune, job=job) if prune else None
-        steps = []
+        steps, synced, budget = [], [], []
         for s in range(STEPS):
             lo, hi = bounds[s]
             loss = (model(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
@@ -216,13 +219,18 @@ def hier_storage_worker(ctx: DistContext, out_dir: str, names: list[str]) -> Non
             if h is not None:
                 h.after_step()
             if pruner is not None and s + 1 in PRUNE_AT:
+                if h is not None:
+                    h.sync_now()  # a pruning step is a sync point (the trainer's Job.settle)
                 st = pruner.step()
                 steps.append((st.pruned, st.regrown))
+                budget.append((st.value_bytes, st.target_bytes))
+            if pruner is not None and mode == "average" and h is not None and h.synced_at == h.steps:
+                synced.append((s + 1, model.state_dict()))  # after each sync (and pruning step)
         if h is not None:
             h.sync_now()
             model.close()
         disk = [st for g in coll.groups for st in g.tier_stores()]
-        result = {"state": model.state_dict(), "steps": steps,
+        result = {"state": model.state_dict(), "steps": steps, "synced": synced, "budget": budget, "tiers": len(disk),
                   "rows_disk": sum(x["rows_disk"] for g in disk for x in g.stats().values())}
         for g in coll.groups:
             g.close()

@@ -12,7 +12,7 @@ import torch
 from tierec.config import ConfigError, DistConfig
 from tierec.distributed.codecs import DenseResiduals, RowResiduals, SegmentedCodec, codec, decode_flat
 from tierec.distributed.cross import replica_sum_rows
-from tierec.distributed.mesh import MeshShape
+from tierec.distributed.mesh_shape import MeshShape
 
 # Bound of one round trip, relative to a value (16-bit floats) or to the row's range (int8: half a step).
 BOUND = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -110,7 +110,7 @@ def test_mesh_shape() -> None:
         MeshShape.resolve(3, world=4)
 
 
-@pytest.mark.parametrize("name", ["tierec.distributed.mesh", "tierec.distributed.codecs", "tierec.distributed.cross",
+@pytest.mark.parametrize("name", ["tierec.distributed.mesh", "tierec.distributed.mesh_shape", "tierec.distributed.codecs", "tierec.distributed.cross",
                                   "tierec.distributed.dense_sync", "tierec.distributed.row_sync"])
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
@@ -118,7 +118,7 @@ def test_docstring_examples(name: str) -> None:
 
 
 def test_jobs_refuse_a_group_size_that_does_not_divide() -> None:
-    from tierec.distributed.context import check_mesh
+    from tierec.distributed.mesh_shape import check_mesh
 
     check_mesh(DistConfig(), 4)  # 0: one flat group, also across nodes
     check_mesh(DistConfig(group_size=4), 4)

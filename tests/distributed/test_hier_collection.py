@@ -18,6 +18,9 @@ VARIANTS = [
     ("bf16", {"compress": "bf16"}),
     ("int8", {"compress": "int8"}),
     ("avg", {"cross_group": "average", "sync_every": 2}),
+    # hot rows inside each group (elected from the group's counts, joining and leaving), averaged across groups
+    ("avg-hot", {"cross_group": "average", "sync_every": 2, "hot_rows": 24, "hot_refresh_every": 2,
+                 "hot_min_share": 0.01}),
 ]
 # Stated tolerances, weights after 7 steps against one process (rows ~0.1-1; Adam at lr 0.05 and row-wise
 # Adagrad at 0.1): (mean, 99th percentile) of the absolute differences. The largest single difference of a
@@ -89,3 +92,17 @@ def test_average_mode_trains_every_row_once_synced(results: dict[str, list[dict]
     for t in ref:
         assert got[t].keys() == ref[t].keys()  # every row any group touched is in every replica
     assert results["avg"][0]["traffic"]["bytes/cross/avg"] > 0
+
+
+def test_average_mode_with_hot_rows_equals_it_without(results: dict[str, list[dict]]) -> None:
+    # every rank (both groups) after the last sync: the rows and optimizer state of the same mesh without hot rows
+    for r in range(4):
+        plain, hot = merge_shards([results["avg"][r]["state"]]), merge_shards([results["avg-hot"][r]["state"]])
+        assert plain.keys() == hot.keys()
+        for t in plain:
+            assert plain[t].keys() == hot[t].keys(), (r, t)
+            ids = sorted(plain[t])
+            torch.testing.assert_close(_stack(hot[t], ids), _stack(plain[t], ids), rtol=1e-5, atol=2e-6)
+    res = results["avg-hot"]
+    assert all(x["hot_rows"] > 0 and x["moves"]["joined"] > x["hot_rows"] // 2 for x in res), [x["moves"] for x in res]
+    assert any(x["moves"]["left"] > 0 for x in res)  # rows also left the hot sets between syncs

@@ -1,4 +1,4 @@
-"""Tiered, pruned and tiered-and-pruned tables on a 2x2 mesh (each group's shard is any storage)."""
+"""Tiered, pruned and tiered-and-pruned tables on a 2x2 mesh, in both modes (each group's shard is any storage)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tierec.distributed import DistContext
 from tierec.distributed.launch import spawn
 from tierec.distributed.parallelize import check_job
 
-NAMES = ["plain-avg", "tiered-avg", "tiered-grad", "pruned-grad", "both-grad"]
+NAMES = ["plain-avg", "tiered-avg", "tiered-grad", "pruned-grad", "both-grad", "pruned-avg", "both-avg"]
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,32 @@ def test_average_mode_over_tiered_rows_equals_plain_rows(runs: Path) -> None:
             compare_rows(plain[t], tiered[t], 1e-7, f"rank {r}/{t}")
 
 
-def test_average_mode_refuses_pruning_and_hot_rows_in_one_line() -> None:
+@pytest.mark.parametrize("name", ["pruned-avg", "both-avg"])
+def test_average_mode_prunes_the_same_chunks_on_every_replica(runs: Path, name: str) -> None:
+    parts = [_load(runs, name, 4, r) for r in range(4)]
+    # synced at steps 2 and 4 (pruning steps), 3 and 6 (sync_every = 3; 6 prunes too); then at the end
+    assert [s for s, _ in parts[0]["synced"]] == [2, 3, 4, 6]
+    assert all(p["steps"] == parts[0]["steps"] for p in parts) and parts[0]["steps"][-1][0] > 0
+    for shard in (0, 1):  # shard s of group 0 and of group 1: bit for bit after every sync, dims included
+        a, b = parts[shard], parts[2 + shard]
+        for (step, sa), (_, sb) in [*zip(a["synced"], b["synced"]), ((7, a["state"]), (7, b["state"]))]:
+            ma, mb = merge_shards([sa]), merge_shards([sb])
+            assert ma.keys() == mb.keys()
+            for t in ma:
+                assert ma[t].keys() == mb[t].keys(), (name, step, t)
+                for i in ma[t]:
+                    assert torch.equal(ma[t][i], mb[t][i]), (name, step, t, i)
+    # each pruning step met its replica's budget (prune.target_ratio = 2 of one replica's rows) and used it
+    assert parts[0]["budget"] == parts[1]["budget"] == parts[2]["budget"] == parts[3]["budget"]
+    for value, target in parts[0]["budget"]:
+        assert 0.95 * target < value <= target, parts[0]["budget"]
+    assert all((p["tiers"] > 0) == (name == "both-avg") for p in parts)  # both-avg: the chunks live in a tiered store
+
+
+def test_average_mode_accepts_pruning_and_hot_rows() -> None:
     ctx = DistContext(rank=0, world_size=4)
     avg = ["dist.group_size=2", "dist.cross_group=average"]
-    for extra, key in (["prune.enabled=true"], "prune.enabled"), (["dist.hot_rows=8"], "dist.hot_rows"):
-        with pytest.raises(ConfigError, match=rf'^{key} with dist.cross_group = "average" on a mesh[^\n]*$'):
-            check_job(load_config(None, avg + extra), ctx)
-        check_job(load_config(None, extra + ["dist.group_size=2"]), ctx)  # gradients mode: fine
-        check_job(load_config(None, extra + ["dist.cross_group=average"]), ctx)  # one group: no averaging
+    check_job(load_config(None, avg + ["dist.hot_rows=8"]), ctx)  # hot rows average (test_hier_collection.py)
+    check_job(load_config(None, avg + ["prune.enabled=true"]), ctx)
+    with pytest.raises(ConfigError, match=r"^dist\.hot_rows .*prune\.enabled[^\n]*$"):  # as in every job
+        check_job(load_config(None, avg + ["prune.enabled=true", "dist.hot_rows=8"]), ctx)

@@ -13,6 +13,7 @@ from tierec.cli import main
 from tierec.config import load_config
 from tierec.distributed.launch import spawn
 from tierec.train.launch import LOST_RANK_STATUS
+from tierec.train.rundir import resume_config
 from tierec.train.trainer import Trainer
 
 MESH = ["dist.group_size=2"]
@@ -54,7 +55,7 @@ def test_cli_nproc_4_as_2x2_equals_one_process(tmp_path: Path, reference: Path, 
     assert evaluated["auc"] == pytest.approx(summary["test_auc"], abs=1e-4)
 
 
-def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, reference: Path) -> None:
+def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_flat_4_2_and_1(tmp_path: Path, reference: Path) -> None:
     # rank 3 dies before step 8: rank 2 shares its group ("shard" dimension), rank 1 its shard's replica
     # group ("replica" dimension); each names it as a flat job does, and every rank exits 3
     over = BASE + MESH + ["train.checkpoint_every=5", "dist.heartbeat_s=0.2", "dist.timeout_s=30"]
@@ -73,9 +74,16 @@ def test_lost_rank_then_2x2_checkpoint_resumes_on_2x2_and_on_1(tmp_path: Path, r
     record = json.loads((ckpt / "meta.json").read_text())["_checkpoint"]
     assert record["world_size"] == 2
     assert {f[:11] for f in record["files"] if f.startswith("rows-")} == {"rows-00000-", "rows-00001-"}
-    shutil.copytree(run, tmp_path / "one")
+    for copy in ("one", "two", "flat4"):
+        shutil.copytree(run, tmp_path / copy)
     spawn(train_worker, 4, (over, str(run), True), timeout_s=300)  # 2x2 -> 2x2
     compare_runs(reference, run)
+    # 2x2 -> flat 4: --resume may change dist.group_size (checkpoints hold one replica)
+    assert resume_config(tmp_path / "flat4", None, ["dist.group_size=0"]).dist.group_size == 0
+    spawn(train_worker, 4, (over + ["dist.group_size=0"], str(tmp_path / "flat4"), True), timeout_s=300)
+    compare_runs(reference, tmp_path / "flat4")
+    spawn(train_worker, 2, (over, str(tmp_path / "two"), True), timeout_s=300)  # 2x2 -> 2 (g = W: flat)
+    compare_runs(reference, tmp_path / "two")
     Trainer(load_config(None, over), tmp_path / "one", resume=True).fit()  # 2x2 -> 1 process
     compare_runs(reference, tmp_path / "one")
 

@@ -17,7 +17,8 @@ from tierec.data.errors import DataError, MalformedRowError, MalformedRowsWarnin
 from tierec.data.loader import BackgroundLoader, prefetch
 from tierec.data.planted import PlantedModel, cardinalities
 from tierec.data.schema import CRITEO_CARDINALITIES, CRITEO_CATEGORICAL, CRITEO_DENSE, Schema, criteo_schema, resolve_schema
-from tierec.data.shards import Manifest, ShardSet, preprocess
+from tierec.data.preprocess import preprocess
+from tierec.data.shards import Manifest, ShardSet
 from tierec.data.source import BatchSource, infer_format, open_source
 from tierec.data.synthetic import SyntheticData, planted_logits, planted_scores
 

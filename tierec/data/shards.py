@@ -1,4 +1,4 @@
-"""Binary shards: ``tierec preprocess`` turns any source into files that stream fast.
+"""Binary shards: the files ``tierec preprocess`` (``data/preprocess.py``) writes, and reading them back.
 
 Format: a directory with ``manifest.json`` and Arrow IPC files
 ``train-00000.arrow``, ``test-00000.arrow``, ... Each shard holds record batches
@@ -16,18 +16,18 @@ the shards. Reading the shards back yields exactly the batches of the source.
 
 >>> import tempfile
 >>> from tierec.config import DataConfig, SyntheticConfig
->>> cfg = DataConfig(synthetic=SyntheticConfig(train_rows=3000, test_rows=500))
->>> m = preprocess(cfg, tempfile.mkdtemp(), rows_per_shard=1000, progress=False)
->>> m.splits["train"].rows, [s.rows for s in m.splits["train"].shards]
-(3000, [1000, 1000, 1000])
+>>> from tierec.data.preprocess import preprocess
+>>> out = tempfile.mkdtemp()
+>>> _ = preprocess(DataConfig(synthetic=SyntheticConfig(train_rows=3000, test_rows=500)), out, 1000, progress=False)
+>>> shards = ShardSet.open(out)
+>>> shards.num_rows("train"), shards.num_rows("test")
+(3000, 500)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,16 +37,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from tierec.config import ConfigError, DataConfig, to_dict
+from tierec.config import ConfigError
 from tierec.data.blocks import RowBlock, concat_slices
 from tierec.data.errors import DataError, NoSplitError, ProblemReport
-from tierec.paths import check_no_alias, safe_member
+from tierec.paths import safe_member
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "tierec-shards"
 FORMAT_VERSION = 1
 RECORD_ROWS = 65536  # rows per record batch inside a shard
-_SHARD_NAME = re.compile(r"[a-z]+-\d{5}\.arrow")  # what _write_split names shards
+SHARD_NAME = re.compile(r"[a-z]+-\d{5}\.arrow")  # what preprocess names shards
 
 
 @dataclass(frozen=True)
@@ -130,143 +130,7 @@ class Manifest:
             raise DataError(f"{where}: malformed manifest ({what})") from None
 
 
-def preprocess(cfg: DataConfig, out_dir: str | Path, rows_per_shard: int = 1 << 20, progress: bool = True) -> Manifest:
-    """Write the train and test splits of ``cfg``'s source as shards in ``out_dir``.
-
-    The shards are written into a hidden sibling directory and swapped in only
-    once every shard and the manifest are written: until then an older shard set
-    in ``out_dir`` stays whole, and a failed run (a ``--strict`` error, a full
-    disk) leaves it as it was. ``out_dir`` must be new, empty, or a shard
-    directory holding only files its manifest lists; a file tierec did not
-    write is never deleted.
-    """
-    from tierec.data.source import infer_format, open_source  # source.py reads shards: import late
-
-    if rows_per_shard <= 0:
-        raise DataError(f"rows_per_shard must be positive, got {rows_per_shard}")
-    out = Path(out_dir)
-    check_no_alias(out, [cfg.source, cfg.test_source], "preprocess --out", "data.source")
-    old = _replaceable(out)  # before the long write: a directory we may not replace fails now
-    record_rows = min(RECORD_ROWS, rows_per_shard)
-    manifest: Manifest | None = None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(out, "tmp")
-    tmp.mkdir()
-    try:
-        for split in ("train", "validation", "test"):
-            try:
-                src = open_source(cfg, split, batch_size=record_rows)
-            except NoSplitError:
-                continue
-            if manifest is None:
-                manifest = Manifest(
-                    src.feature_names, src.dense_names, src.multi_hot, rows_per_shard,
-                    {"source": cfg.source, "format": infer_format(cfg.source, cfg.format), "test_source": cfg.test_source},
-                    to_dict(cfg),
-                )  # fmt: skip
-            info = _write_split(src, tmp, split, rows_per_shard, progress)
-            manifest.splits[split] = info
-        assert manifest is not None  # the train split always exists
-        (tmp / MANIFEST).write_text(manifest.to_json())
-        _swap_in(tmp, out, old)
-    except BaseException:
-        _remove_listed(tmp, manifest, also_partial=True)
-        raise
-    return manifest
-
-
-def _sibling(out: Path, kind: str) -> Path:
-    return out.parent / f".{out.name}.{kind}-{uuid.uuid4().hex[:8]}"
-
-
-def _replaceable(out: Path) -> Manifest | None:
-    """The manifest of the shard set ``out`` holds (None if ``out`` is new or empty); raises if tierec may not replace it."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory")
-    entries = sorted(p.name for p in out.iterdir())
-    if not entries:
-        return None
-    mpath = out / MANIFEST
-    if not mpath.is_file():
-        raise DataError(f"{out}: directory is not empty ({entries[:3]}) and holds no shards; give an empty or new directory")
-    m = Manifest.from_json(mpath.read_text(), str(mpath))
-    ours = {MANIFEST, *(x.file for s in m.splits.values() for x in s.shards)}
-    foreign = [e for e in entries if e not in ours]
-    if foreign:
-        raise DataError(
-            f"{out}: holds files its manifest does not list ({foreign[:3]}); tierec replaces only its own shards: "
-            "move them or give another directory"
-        )
-    return m
-
-
-def _swap_in(tmp: Path, out: Path, old: Manifest | None) -> None:
-    """Put the finished shard directory ``tmp`` at ``out``; then delete the old shard set's listed files."""
-    if old is None:
-        if out.exists():
-            out.rmdir()  # empty (checked); rmdir refuses anything else
-        os.replace(tmp, out)
-        return
-    aside = _sibling(out, "old")
-    os.replace(out, aside)
-    os.replace(tmp, out)
-    _remove_listed(aside, old, also_partial=False)
-
-
-def _remove_listed(d: Path, manifest: Manifest | None, also_partial: bool) -> None:
-    """Delete the manifest and the shards it lists from ``d`` (and, for our own temporary directory, partial
-    shards named like ours), then ``d`` itself if that left it empty. Nothing else is touched."""
-    if not d.is_dir():
-        return
-    names = {MANIFEST} | ({x.file for s in manifest.splits.values() for x in s.shards} if manifest else set())
-    for p in d.iterdir():
-        if p.name in names or (also_partial and _SHARD_NAME.fullmatch(p.name)):
-            p.unlink(missing_ok=True)
-    try:
-        d.rmdir()
-    except OSError:
-        pass  # something not ours is in it: leave it
-
-
-def _write_split(src: Any, out: Path, split: str, rows_per_shard: int, progress: bool) -> SplitInfo:
-    from tqdm import tqdm
-
-    info = SplitInfo()
-    schema = _arrow_schema(src.feature_names, src.n_dense, src.multi_hot)
-    writer: ipc.RecordBatchFileWriter | None = None
-    in_shard = 0
-    bar = tqdm(total=src.num_rows, unit="rows", desc=f"preprocess {split}", disable=not progress, unit_scale=True)
-    try:
-        for block in src.row_blocks():
-            a = 0
-            while a < block.size:
-                if writer is None:
-                    name = f"{split}-{len(info.shards):05d}.arrow"
-                    writer = ipc.new_file(str(out / name), schema)
-                    info.shards.append(ShardInfo(name, 0))
-                b = min(block.size, a + rows_per_shard - in_shard)
-                writer.write_batch(to_record_batch(concat_slices([(block, a, b)]), schema))
-                in_shard += b - a
-                a = b
-                if in_shard == rows_per_shard:
-                    writer.close()
-                    writer = None
-                    info.shards[-1] = ShardInfo(info.shards[-1].file, in_shard)
-                    in_shard = 0
-            info.rows += block.size
-            bar.update(block.size)
-    finally:
-        bar.close()
-        if writer is not None:
-            writer.close()
-            info.shards[-1] = ShardInfo(info.shards[-1].file, in_shard)
-    info.problems = src.problems
-    return info
-
-
-def _arrow_schema(features: tuple[str, ...], n_dense: int, multi_hot: tuple[str, ...]) -> pa.Schema:
+def arrow_schema(features: tuple[str, ...], n_dense: int, multi_hot: tuple[str, ...]) -> pa.Schema:
     fields = [pa.field("label", pa.float32())]
     if n_dense:  # Arrow has no fixed-size lists of size 0
         fields.append(pa.field("dense", pa.list_(pa.float32(), n_dense)))

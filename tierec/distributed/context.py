@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from tierec.config import DistConfig
+from tierec.distributed.mesh_shape import check_mesh
 
 
 def launched_by_torchrun() -> bool:
@@ -66,13 +67,6 @@ class DistContext:
         """Tear the process groups down (only after a clean finish: a broken group may hang)."""
         if self.is_distributed and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def check_mesh(cfg: DistConfig, world: int) -> None:
-    """Refuse a ``dist.group_size`` that does not divide the job (one line, before any process group exists)."""
-    from tierec.distributed.mesh import MeshShape
-
-    MeshShape.resolve(cfg.group_size, world=world)
 
 
 def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) -> DistContext:

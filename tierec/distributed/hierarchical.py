@@ -13,7 +13,11 @@ untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
   rows it touches (``RowAverager``; divided by the group's g: each group
   trains on its own slices as a job of its own). Hot rows (``dist.hot_rows``)
   in ``gradients`` mode are elected from job-wide counts and their gradients
-  all-reduced over the whole job, so every group replicates the same rows;
+  all-reduced over the whole job, so every group replicates the same rows; in
+  ``average`` mode each group elects its own, the owner anchors a hot row it
+  owns from the replica before its first update since the last sync, and a
+  sync flushes the replicas into the owners' storage, averages, and reloads
+  every group's replicas from the owners;
 - ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
   communication hook; ``average``: DDP inside the group and a ``DenseAverager``
   across groups;
@@ -38,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -47,7 +52,8 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.hot import HotReplica
-from tierec.distributed.mesh import Hierarchy, MeshShape
+from tierec.distributed.mesh import Hierarchy
+from tierec.distributed.mesh_shape import MeshShape
 from tierec.distributed.row_sync import RowAverager, RowGradientSync
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 from tierec.embedding.collection import EmbeddingCollection
@@ -100,6 +106,9 @@ class Hierarchical:
             else:
                 averager = RowAverager(shard.owner, c, self.hier.replica_group, coll.traffic)
                 shard.cross = _AverageStep(averager)
+                # hot rows (elected inside the group) change in the group's replica, not in their owner's
+                # storage: the owner anchors the ones it owns from the replica before their first update
+                shard.hot.before_update = _AnchorOwned(averager, shard.owner_of, self.hier.shard)
                 self.averagers.append(averager)
         self.collections.append(coll)
         return coll
@@ -134,8 +143,13 @@ class Hierarchical:
         """``average``: bring the replicas together now (before an evaluation or a checkpoint)."""
         if self.gradients or self.synced_at == self.steps:
             return
-        for a in self.averagers:
+        shards = [shard for coll in self.collections for shard in coll.shards]
+        for shard in shards:  # 1. the owners' storage holds the hot rows' current values
+            shard.hot.flush_to_owner(shard.owner_of)
+        for a in self.averagers:  # 2. rows averaged across groups, in the owners' storage
             a.sync()
+        for shard in shards:  # 3. every group's hot replicas read the averaged rows back
+            shard.hot.reload(shard.owner_of)
         if self.dense is not None:
             self.dense.sync()
         self.synced_at = self.steps
@@ -176,3 +190,15 @@ class _AverageStep:
     def __call__(self, keys, tabs, rows, grad, accesses):
         self.averager.touch(keys, tabs)
         return rows, grad, accesses
+
+
+class _AnchorOwned:
+    """``HotReplica.before_update`` in ``average`` mode: the rows this rank owns get their anchors from the replica."""
+
+    def __init__(self, averager: RowAverager, owner_of, shard: int) -> None:
+        self.averager, self.owner_of, self.shard = averager, owner_of, shard
+
+    def __call__(self, keys, tabs, read) -> None:
+        mine = np.flatnonzero(self.owner_of(keys, tabs) == self.shard)
+        if mine.size:
+            self.averager.touch(keys[mine], tabs[mine], read)

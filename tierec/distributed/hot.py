@@ -21,7 +21,9 @@ handover is exact:
 - a row that stops being hot is written back by its owner from its own replica
   copy, which is identical everywhere, so no message is needed;
 - while a row is hot, its owner's copy is stale and never read; ``flush_to_owner``
-  writes the replica back before a checkpoint.
+  writes the replica back before a checkpoint, and ``reload`` reads the owners'
+  copies back into the replica after they changed (the cross-group averaging
+  of ``dist.cross_group = "average"``, which works on the owners' storage).
 
 >>> import numpy as np
 >>> from tierec.distributed.hot import WindowCounter
@@ -101,6 +103,9 @@ class HotReplica:
         self.version = 0  # bumped by every refresh; an id split under an older set is stale
         self.counter = WindowCounter()
         self.moves = {"joined": 0, "left": 0}  # rows handed over so far, job-wide (the same on every rank)
+        # called with (keys, tabs, read) of the replica rows an update is about to change, ``read(keys, tabs)``
+        # giving their records as they are (``average`` mode anchors the rows this rank owns: hierarchical.py)
+        self.before_update: Callable[[np.ndarray, np.ndarray, Callable], None] | None = None
 
     def _empty(self) -> TableGroup:  # the replica: whole rows in memory, in the owner's record layout
         g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
@@ -151,9 +156,17 @@ class HotReplica:
             self.traffic.add("hot", 2 * (w - 1) * buf.numel() * 4 // w, time.perf_counter() - t0)
         if flag:
             touched = torch.nonzero(buf[:, d] > 0).squeeze(1)
+            self._before_update(touched)
             self.group.update(touched, buf.index_select(0, touched)[:, :d].contiguous())
         else:
+            if self.before_update is not None:  # a zero gradient leaves a row as it is: the others change
+                self._before_update(torch.nonzero(buf.abs().sum(1) > 0).squeeze(1))
             self.group.update(torch.arange(h), buf)
+
+    def _before_update(self, rows: Tensor) -> None:
+        if self.before_update is not None and rows.numel():
+            r = rows.numpy()
+            self.before_update(self.keys[r], self.tabs[r], self.group.records_of)
 
     def _zero_grad_moves_rows(self) -> bool:
         """Whether a zero gradient still changes a row (Adam's moments, weight decay, 0/0 at eps 0)."""
@@ -274,6 +287,21 @@ class HotReplica:
         mine = np.flatnonzero(owner_of(self.keys, self.tabs) == self.ctx.rank)
         if mine.size:
             self._write_back(self.keys[mine], self.tabs[mine])
+
+    def reload(self, owner_of) -> None:
+        """Read every hot row again from its owner (a collective), keeping the hot set and its row numbers.
+
+        After the owners' copies changed under the replica (``average`` mode: flushed, then averaged
+        across groups), so that the replica holds the owners' rows again.
+        """
+        if self.size == 0:
+            return
+        t0 = time.perf_counter()
+        buf = self._gather_from_owners(self.keys, self.tabs, owner_of, self.owner.record_width)
+        present = np.flatnonzero(buf[:, -1].numpy() > 0)
+        if present.size:
+            self.group.put_records(self.keys[present], self.tabs[present], buf[torch.from_numpy(present), :-1].numpy())
+        self.traffic.add("refresh", 0, time.perf_counter() - t0)
 
     def _write_back(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """The replica's records of (keys, tabs) into the owner's storage, wherever it keeps them."""

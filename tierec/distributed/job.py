@@ -12,7 +12,7 @@ rank. With one process every piece is the plain one.
 On a 2-D mesh (``dist.group_size``, Hierarchical Training) the embeddings are
 sharded over the rank's group (``shard_ctx``), ``after_step`` runs the
 cross-group averaging of ``dist.cross_group = "average"``, ``settle`` brings
-the replicas together before an evaluation, and ``checkpoint_writers`` makes
+the replicas together before an evaluation or a pruning step, and ``checkpoint_writers`` makes
 a checkpoint one replica's (group 0's ranks write).
 
 >>> from tierec.config import load_config
@@ -100,7 +100,8 @@ class Job:
             self._meter.steps += 1
 
     def settle(self) -> None:
-        """Before an evaluation or a checkpoint: on a mesh in ``average`` mode, the replicas averaged now."""
+        """Before an evaluation, a checkpoint or a pruning step: on a mesh in ``average`` mode, the replicas
+        averaged now (pruning then takes the same decision on every replica: row_sync.RowAverager)."""
         if self.mesh is not None:
             self.mesh.sync_now()
 

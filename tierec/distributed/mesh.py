@@ -8,14 +8,14 @@ carries the cross-group synchronisation. Rank ``r`` is shard ``r % g`` of group
 ``r // g``: torchrun numbers ranks node by node, so with g the processes per
 node a group is one machine and only the replica groups cross machines.
 
-``MeshShape`` is the arithmetic (no processes); ``Hierarchy.build`` creates the
+``MeshShape`` (``mesh_shape.py``) is the arithmetic (no processes); ``Hierarchy.build`` creates the
 process groups with ``torch.distributed.device_mesh.init_device_mesh`` plus a
 second gloo group per shard group for the embedding exchanges (as ``DistContext``
 keeps the exchanges off DDP's group), and ``Hierarchy.group_context()`` is the
 ``DistContext`` of the rank's group, on which today's sharded collection runs
 unchanged.
 
->>> from tierec.distributed.mesh import MeshShape
+>>> from tierec.distributed.mesh_shape import MeshShape
 >>> m = MeshShape.resolve(2, world=4)   # e.g. a 2-node torchrun with dist.group_size = 2: a group per node
 >>> m.replicas, m.group_size, m.replica_of(3), m.shard_of(3), m.is_flat
 (2, 2, 1, 1, False)
@@ -29,48 +29,10 @@ from dataclasses import dataclass, replace
 
 import torch.distributed as dist
 
-from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
+from tierec.distributed.mesh_shape import MeshShape
 
 MESH_DIMS = ("replica", "shard")
-
-
-@dataclass(frozen=True)
-class MeshShape:
-    world: int  # W ranks
-    group_size: int  # g ranks per group; W // g groups (replicas)
-
-    @staticmethod
-    def resolve(group_size: int, *, world: int) -> MeshShape:
-        """``dist.group_size`` for a job of ``world`` ranks; 0 means one group of every rank (the flat run).
-
-        0 stays the flat run under a multi-node torchrun too: a group per node is
-        ``dist.group_size = <processes per node>`` (docs/distributed.md says why).
-        """
-        g = group_size or world
-        if g > world or world % g:
-            raise ConfigError(f"dist.group_size {g} must divide the world size {world}")
-        return MeshShape(world=world, group_size=g)
-
-    @property
-    def replicas(self) -> int:
-        return self.world // self.group_size
-
-    @property
-    def is_flat(self) -> bool:  # one group: today's run, no cross-group traffic
-        return self.replicas == 1
-
-    def replica_of(self, rank: int) -> int:  # the group of a rank
-        return rank // self.group_size
-
-    def shard_of(self, rank: int) -> int:  # its position inside the group
-        return rank % self.group_size
-
-    def group_ranks(self, replica: int) -> list[int]:  # ranks of one group
-        return list(range(replica * self.group_size, (replica + 1) * self.group_size))
-
-    def replica_ranks(self, shard: int) -> list[int]:  # ranks holding the same shard, one per group
-        return list(range(shard, self.world, self.group_size))
 
 
 @dataclass(frozen=True)

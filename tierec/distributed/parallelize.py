@@ -43,7 +43,6 @@ from torch.nn.parallel import DistributedDataParallel
 from tierec.config import Config, ConfigError
 from tierec.distributed.context import DistContext
 from tierec.distributed.hierarchical import Hierarchical
-from tierec.distributed.mesh import MeshShape
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 
 
@@ -72,18 +71,6 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
         raise ConfigError(
             "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
             "set dist.hot_rows = 0 (or prune.enabled = false)"
-        )
-    if MeshShape.resolve(cfg.dist.group_size, world=ctx.world_size).is_flat or cfg.dist.cross_group != "average":
-        return
-    if cfg.prune.enabled:  # (docs/distributed.md, "Every storage on a mesh")
-        raise ConfigError(
-            'prune.enabled with dist.cross_group = "average" on a mesh of groups: the replicas would prune different '
-            'chunks of a row between averages; use dist.cross_group = "gradients" (or prune.enabled = false)'
-        )
-    if cfg.dist.hot_rows:
-        raise ConfigError(
-            'dist.hot_rows with dist.cross_group = "average" on a mesh of groups: hot rows are not averaged across '
-            'groups; set dist.hot_rows = 0 or dist.cross_group = "gradients"'
         )
 
 

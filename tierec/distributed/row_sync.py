@@ -1,7 +1,7 @@
 """Embedding rows across groups: summed gradients (``gradients``) or averaged rows (``average``).
 
 Both act on one owner shard (the ``RowStorage`` holding the rows this rank owns
-inside its group: plain, tiered, or for ``gradients`` pruned) and talk only to the ranks that own the same shard in the
+inside its group: plain, tiered, pruned or both) and talk only to the ranks that own the same shard in the
 other groups (the replica group), since ownership inside a group depends only
 on (table, id) and the group size.
 
@@ -31,6 +31,8 @@ on (table, id) and the group size.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -45,10 +47,13 @@ from tierec.embedding.storage import RowStorage
 
 
 def record_widths(owner: RowStorage) -> list[int]:
-    """Floats per segment of the storage's row record: the weights, then each optimizer state (as ``records_of``)."""
+    """Floats per segment of the values of the storage's row record: the weights, then each optimizer state
+    (as ``records_of``; a pruned row's record has one more column after them, its dims)."""
     shapes = state_shapes(owner.optimizer.kind, owner.dim)
     widths = [owner.dim] + [int(np.prod(s, dtype=np.int64)) for s in shapes.values()]
-    return widths if sum(widths) == owner.record_width else [owner.record_width]
+    if sum(widths) > owner.record_width:
+        raise ValueError(f"a record of {owner.record_width} floats cannot hold {widths}")
+    return widths
 
 
 def _replicas(group: dist.ProcessGroup | None) -> int:
@@ -97,8 +102,16 @@ class RowAverager:
     """``average`` mode for one owner shard: average the rows touched since the last sync across replicas.
 
     Rows are kept by (table, id) and read and written as whole records
-    (``records_of`` / ``put_records``), so the shard may be any storage whose
-    records have a fixed width (whole rows: in memory or tiered).
+    (``records_of`` / ``put_records``), so the shard may be any storage: whole
+    rows (in memory or tiered) or chunked rows (pruned). Of a record only the
+    values (weights, then each optimizer state) are averaged; the columns after
+    them describe the row's layout (a pruned row's dims) and every replica keeps
+    its own: they agree, because a pruning step happens only at a sync point and
+    takes the same decision on every replica. A pruned storage's importance
+    (``pruning().importance_of``: what the pruner scores rows by) is *summed*
+    across replicas, uncompressed: it adds up over the batches a row served, so
+    the sum is what one replica would have counted over every group's batches,
+    and every replica ends with the same importance.
     """
 
     def __init__(self, owner: RowStorage, c: Codec, replica_group: dist.ProcessGroup | None,
@@ -107,9 +120,14 @@ class RowAverager:
         self.group = replica_group
         self.traffic = traffic
         self.widths = record_widths(owner)  # weights, then each optimizer state, in floats per row
+        self.values = sum(self.widths)  # floats averaged; the record's other columns are its layout
         self.width = owner.record_width  # floats per record
-        self.codec = SegmentedCodec(c, self.widths)
-        self.residuals = RowResiduals(self.width) if c.lossy else None
+        self.importance = owner.pruning()  # None: nothing scores the rows
+        self.imp_width = self.importance.importance_width if self.importance is not None else 0
+        inner = [c] * len(self.widths) + ([codec("none")] if self.imp_width else [])
+        self.codec = SegmentedCodec(inner, self.widths + ([self.imp_width] if self.imp_width else []))
+        self.residuals = RowResiduals(self.values + self.imp_width) if c.lossy else None
+        self._together = 1  # the most distinct rows the owner updated in one step so far
         self.forget()
 
     def records(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor:  # [U] -> [U, width]
@@ -118,18 +136,38 @@ class RowAverager:
     def write(self, keys: np.ndarray, tabs: np.ndarray, rec: Tensor) -> None:
         self.owner.put_records(keys, tabs, rec.numpy())
 
+    def scores(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor:  # [U] -> [U, imp_width]
+        if self.importance is None:
+            return torch.zeros(keys.shape[0], 0)
+        return torch.from_numpy(self.importance.importance_of(keys, tabs)[1])
+
     @property
     def touched(self) -> int:
         return self._seen.num_rows
 
-    def touch(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones."""
+    def touch(self, keys: np.ndarray, tabs: np.ndarray, read: Callable | None = None) -> None:
+        """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones.
+
+        ``read(keys, tabs)`` -> (found, records): where the rows' current records are (default the
+        owner's storage; a hot row's are in the hot replica, its owner's copy being stale).
+        """
+        if read is None:  # the owner updates these rows together: that many fit in its fast tier at once
+            self._together = max(self._together, int(keys.shape[0]))
         new = self._seen.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).new
         if new.size:
             k, t = keys[new].copy(), tabs[new].astype(np.int32)
             self._keys.append(k)
             self._tabs.append(t)
-            self._anchors.append(self.records(k, t))
+            self._anchors.append(self.records(k, t) if read is None else torch.from_numpy(read(k, t)[1]))
+            self._imp_anchors.append(self.scores(k, t))
+
+    def _insert(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Insert the unknown rows of (keys, tabs) with their initial values, a step's worth of rows at a time
+        (a tiered storage holds the rows of one lookup in its fast tier together)."""
+        missing = np.flatnonzero(~self.owner.records_of(keys, tabs)[0])
+        for lo in range(0, missing.size, self._together):
+            m = missing[lo : lo + self._together]
+            self.owner.lookup(keys[m], tabs[m], insert=True)
 
     def forget(self) -> None:
         """Drop the anchors (after a sync, or a loaded checkpoint: every replica's rows are their last synced values)."""
@@ -137,17 +175,27 @@ class RowAverager:
         self._keys: list[np.ndarray] = []
         self._tabs: list[np.ndarray] = []
         self._anchors: list[Tensor] = []  # their records at first touch [n, width]
+        self._imp_anchors: list[Tensor] = []  # and their importance [n, imp_width]
 
     def sync(self) -> int:
         """Average the touched rows across replicas; returns the rows of the union. Collective."""
+        v = self.values
         keys = np.concatenate(self._keys) if self._keys else np.zeros(0, dtype=np.int64)
         tabs = np.concatenate(self._tabs) if self._tabs else np.zeros(0, dtype=np.int32)
         anchors = torch.cat(self._anchors) if self._anchors else torch.zeros(0, self.width)
-        delta = self.records(keys, tabs) - anchors  # [T, width]
+        imp_anchors = torch.cat(self._imp_anchors) if self._imp_anchors else torch.zeros(0, self.imp_width)
+        now = self.records(keys, tabs)  # [T, width]
+        anchors[:, v:] = now[:, v:]  # the layout stays this replica's
+        delta = torch.cat([now[:, :v] - anchors[:, :v], self.scores(keys, tabs) - imp_anchors], 1)  # [T, v + imp]
         ukeys, utabs, sums = replica_sum_rows(keys, tabs, delta, self.codec, self.residuals, self.group,
                                               self.traffic, "avg")
         self.write(keys, tabs, anchors)  # every replica now holds the anchor of every row of the union
-        self.owner.lookup(ukeys, utabs, insert=True)  # rows touched only elsewhere: their initial values
-        self.write(ukeys, utabs, self.records(ukeys, utabs) + sums / _replicas(self.group))
+        self._insert(ukeys, utabs)  # rows touched only elsewhere: their initial values
+        rec = self.records(ukeys, utabs)
+        rec[:, :v] += sums[:, :v] / _replicas(self.group)
+        self.write(ukeys, utabs, rec)
+        if self.importance is not None:  # importance adds up over every replica's batches
+            self.importance.put_importance(keys, tabs, imp_anchors.numpy())
+            self.importance.put_importance(ukeys, utabs, (self.scores(ukeys, utabs) + sums[:, v:]).numpy())
         self.forget()
         return int(ukeys.shape[0])

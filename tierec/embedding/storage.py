@@ -110,6 +110,14 @@ class ChunkImportance(Protocol):
 
     def dim_histogram(self) -> np.ndarray: ...
 
+    # what the pruner scores rows by, by (table, id) (cross-group averaging sums it across replicas)
+    @property
+    def importance_width(self) -> int: ...
+
+    def importance_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def put_importance(self, keys: np.ndarray, tabs: np.ndarray, values: np.ndarray) -> None: ...
+
 
 class RowStorage(Protocol):
     """The storage of one table group (tables sharing dim and optimizer)."""

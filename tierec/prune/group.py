@@ -576,6 +576,44 @@ class PrunedGroup:
             s[torch.from_numpy(rows)] = torch.from_numpy(rec[:, col].copy())
             col += 1
 
+    # ------------------------------------------------------------ importance by (table, id)
+
+    @property
+    def importance_width(self) -> int:  # floats per row of importance_of: each position, the claim, (the count)
+        return self.n_pos + 1 + (1 if self.shrinkage else 0)
+
+    def importance_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n], [n, importance_width]): what the pruner scores a row by, by (table, id): each live
+        chunk's importance (zeros past the row's dims), the claim to grow back, the decayed access count
+        (with shrinkage). Every part adds up over the batches a row served (cross-group sums use that)."""
+        rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        found = rows >= 0
+        out = np.zeros((keys.shape[0], self.importance_width), dtype=np.float32)
+        r = rows[found]
+        if r.size:
+            cm = self.cmap[r]  # [n, K]
+            live = cm >= 0
+            imp = np.zeros(cm.shape, dtype=np.float32)
+            imp[live] = self.chunks.importance[cm[live]]
+            parts = [imp, self.next_imp[r][:, None]] + ([self.count[r][:, None]] if self.shrinkage else [])
+            out[found] = np.concatenate(parts, axis=1)
+        return found, out
+
+    def put_importance(self, keys: np.ndarray, tabs: np.ndarray, values: np.ndarray) -> None:
+        """Set the importance of the known rows of (keys, tabs) from ``importance_of``'s layout (values past a
+        row's dims are ignored)."""
+        rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        ok = rows >= 0
+        r, v = rows[ok], np.asarray(values, dtype=np.float32)[ok]
+        if not r.size:
+            return
+        cm = self.cmap[r]
+        live = cm >= 0
+        self.chunks.importance[cm[live]] = v[:, : self.n_pos][live]
+        self.next_imp[r] = v[:, self.n_pos]
+        if self.shrinkage:
+            self.count[r] = v[:, self.n_pos + 1]
+
     def close(self) -> None:
         """Close the tiered pool's disk file (a no-op in memory)."""
         self.chunks.close()

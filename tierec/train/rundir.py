@@ -62,6 +62,7 @@ SAFE_ON_RESUME = (
     "data.prefetch_batches",
     "dist.timeout_s",
     "dist.heartbeat_s",
+    "dist.group_size",  # how the processes are grouped: checkpoints hold one replica, any mesh loads them
     "store.disk_path",  # the disk tier's file is scratch (unlinked); its rows come back from the checkpoint
 )
 

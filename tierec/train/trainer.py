@@ -172,6 +172,7 @@ class Trainer:
                     self._check_loss(last_loss, pos, ckpt_dir)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
                     if pruning:
+                        self.job.settle()  # on a mesh in average mode a pruning step is a sync point
                         parts.pruner.step()  # its cost counts in the throughput
                     busy += time.perf_counter() - t0
                     samples += batch.size
@@ -203,6 +204,7 @@ class Trainer:
         bar.close()
         store.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
+            self.job.settle()
             parts.pruner.step()  # the evaluated and saved model meets the budget too
             self._log_prune(parts, log, pos, None)
 

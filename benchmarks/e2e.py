@@ -10,8 +10,8 @@ every system; only the embedding side and the dense model's precision differ:
   ``train.compile = "auto"``: bf16 autocast on a CPU with native bf16);
 - tierec-fp32: the same, with the dense model in fp32 like the peers (like for
   like: what the engine alone gives);
-- tierec-seq: tierec's defaults without the look-ahead (the next batch's dedupe
-  and index probe on a background thread during this step): what it hides;
+- tierec-ahead: tierec's defaults with ``train.look_ahead`` on (the next batch's
+  dedupe and index probe on a background thread during this step);
 - torchrec: FusedEmbeddingBagCollection over FBGEMM, fused RowWiseAdagrad;
 - torch: nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad
   (element-wise: torch has no row-wise Adagrad).
@@ -120,7 +120,7 @@ class TierecTrainer(_Trainer):
     name = "tierec"
     precision = "auto"  # tierec's defaults (TrainConfig)
     compile = "auto"
-    overlap = True  # the next batch's dedupe and probe beside this step (tierec.embedding.ahead)
+    overlap = False  # train.look_ahead's default: the next batch's dedupe and probe beside this step
 
     def __init__(self, w: Workload) -> None:
         from tierec.embedding.ahead import LookAhead
@@ -171,9 +171,9 @@ class TierecFp32Trainer(TierecTrainer):
     precision = "fp32"
 
 
-class TierecSequentialTrainer(TierecTrainer):
-    name = "tierec-seq"
-    overlap = False  # tierec's defaults but no look-ahead: what the overlap hides
+class TierecAheadTrainer(TierecTrainer):
+    name = "tierec-ahead"
+    overlap = True  # tierec's defaults with train.look_ahead = true: what the overlap hides (or costs)
 
 
 class TorchrecTrainer(_Trainer):
@@ -206,7 +206,7 @@ class TorchTrainer(_Trainer):
         self.sparse_opt.zero_grad(set_to_none=True)
 
 
-TRAINERS = {"tierec": TierecTrainer, "tierec-fp32": TierecFp32Trainer, "tierec-seq": TierecSequentialTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
+TRAINERS = {"tierec": TierecTrainer, "tierec-fp32": TierecFp32Trainer, "tierec-ahead": TierecAheadTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
 
 
 def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16, data: str = "planted") -> dict:

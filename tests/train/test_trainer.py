@@ -48,7 +48,7 @@ def test_resume_gives_the_uninterrupted_weights(tmp_path: Path, model: str) -> N
 def test_look_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path) -> None:
     """train.look_ahead (the next batch's dedupe and probe on a thread during this step) changes no number."""
     over = SMALL + ["model.name=widedeep", "train.eval_every=5"]  # a wide collection beside it, evaluations between steps
-    ahead = Trainer(load_config(None, over), tmp_path / "ahead").fit()
+    ahead = Trainer(load_config(None, over + ["train.look_ahead=true"]), tmp_path / "ahead").fit()
     plain = Trainer(load_config(None, over + ["train.look_ahead=false"]), tmp_path / "plain").fit()
     a, b = _final_tensors(tmp_path / "ahead"), _final_tensors(tmp_path / "plain")
     assert a.keys() == b.keys()

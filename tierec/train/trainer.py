@@ -179,7 +179,9 @@ class Trainer:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch, nxt in with_next(self._batches(store.wrap(loader))):  # look-ahead after the prefetch thread: same order on every rank
+                stream = self._batches(store.wrap(loader))  # look-ahead after the prefetch thread: same order on every rank
+                # only the look-ahead draws a batch before the step ahead of it is done
+                for batch, nxt in with_next(stream) if ahead is not None else ((b, None) for b in stream):
                     t0 = time.perf_counter()
                     last_loss = self._step(parts, batch, ahead, nxt)
                     self._check_loss(last_loss, pos, ckpt_dir)

@@ -10,6 +10,8 @@ every system; only the embedding side and the dense model's precision differ:
   ``train.compile = "auto"``: bf16 autocast on a CPU with native bf16);
 - tierec-fp32: the same, with the dense model in fp32 like the peers (like for
   like: what the engine alone gives);
+- tierec-ahead: tierec's defaults with ``train.look_ahead`` on (the next batch's
+  dedupe and index probe on a background thread during this step);
 - torchrec: FusedEmbeddingBagCollection over FBGEMM, fused RowWiseAdagrad;
 - torch: nn.EmbeddingBag(sparse=True) per table + torch.optim.Adagrad
   (element-wise: torch has no row-wise Adagrad).
@@ -92,6 +94,10 @@ class _Trainer:
     def dense(self, dense: Tensor, emb: Tensor) -> Tensor:  # [B] logits
         return self.model(dense, emb, None)
 
+    def run(self, batches: list[CTRBatch]) -> None:
+        for b in batches:
+            self.step(b)
+
     def step(self, b: CTRBatch) -> None:
         logits = self.dense(b.dense, self.embed(b))
         loss = F.binary_cross_entropy_with_logits(logits, b.labels)
@@ -114,19 +120,42 @@ class TierecTrainer(_Trainer):
     name = "tierec"
     precision = "auto"  # tierec's defaults (TrainConfig)
     compile = "auto"
+    overlap = False  # train.look_ahead's default: the next batch's dedupe and probe beside this step
 
     def __init__(self, w: Workload) -> None:
+        from tierec.embedding.ahead import LookAhead
         from tierec.train.precision import DenseStep
 
         super().__init__(w)
         self.coll = tierec_collection(w, kind=w.optimizer)
         self.dense_step = DenseStep(self.model, self.precision, self.compile)
+        self.ahead = LookAhead(self.coll) if self.overlap else None
+        self._next: CTRBatch | None = None
+        self._features: dict[int, object] = {}  # id(batch) -> its SparseFeatures (the one prepared)
+
+    def run(self, batches: list[CTRBatch]) -> None:
+        for i, b in enumerate(batches):
+            self._next = batches[i + 1] if i + 1 < len(batches) else None
+            self.step(b)
+        self._next = None
+
+    def _sparse(self, b: CTRBatch):
+        sp = self._features.pop(id(b), None)
+        return sp if sp is not None else tierec_features(self.w, b.ids)
 
     def dense(self, dense: Tensor, emb: Tensor) -> Tensor:
         return self.dense_step(dense, emb, None)
 
     def embed(self, b: CTRBatch) -> Tensor:
-        return self.coll(tierec_features(self.w, b.ids))
+        sp = self._sparse(b)
+        if self.ahead is None or not self.coll.training:
+            return self.coll(sp)
+        out = self.coll(sp, self.ahead.take(sp))
+        if self._next is not None:  # after this forward's inserts, before its dense step
+            nxt = tierec_features(self.w, self._next.ids)
+            self._features = {id(self._next): nxt}
+            self.ahead.submit(nxt)
+        return out
 
     @torch.no_grad()
     def predict(self, b: CTRBatch) -> Tensor:
@@ -140,6 +169,11 @@ class TierecTrainer(_Trainer):
 class TierecFp32Trainer(TierecTrainer):
     name = "tierec-fp32"
     precision = "fp32"
+
+
+class TierecAheadTrainer(TierecTrainer):
+    name = "tierec-ahead"
+    overlap = True  # tierec's defaults with train.look_ahead = true: what the overlap hides (or costs)
 
 
 class TorchrecTrainer(_Trainer):
@@ -172,7 +206,7 @@ class TorchTrainer(_Trainer):
         self.sparse_opt.zero_grad(set_to_none=True)
 
 
-TRAINERS = {"tierec": TierecTrainer, "tierec-fp32": TierecFp32Trainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
+TRAINERS = {"tierec": TierecTrainer, "tierec-fp32": TierecFp32Trainer, "tierec-ahead": TierecAheadTrainer, "torchrec": TorchrecTrainer, "torch": TorchTrainer}
 
 
 def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 16, data: str = "planted") -> dict:
@@ -202,8 +236,7 @@ def run_e2e(w: Workload, systems: list[str], repeats: int, test_batches: int = 1
 
     def work(s, r: int) -> None:
         start = WARMUP_STEPS + r * w.steps
-        for b in train[start : start + w.steps]:
-            s.step(b)
+        s.run(train[start : start + w.steps])
 
     tm = alternate(ready, repeats, work)
     labels = torch.cat([b.labels for b in test])

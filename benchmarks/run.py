@@ -27,7 +27,7 @@ from benchmarks.systems import ENGINE_SYSTEMS
 from benchmarks.workload import Workload
 
 WHICH = ("engine", "e2e", "memory", "profile", "all")
-E2E_SYSTEMS = ("tierec", "tierec-fp32", "torchrec", "torch")
+E2E_SYSTEMS = ("tierec", "tierec-fp32", "tierec-ahead", "torchrec", "torch")
 
 
 def _available_gib() -> float:

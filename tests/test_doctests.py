@@ -12,7 +12,7 @@ DATA = [
     "tierec.data.kernels", "tierec.data.loader", "tierec.data.parquet", "tierec.data.planted", "tierec.data.schema",
     "tierec.data.preprocess", "tierec.data.shards", "tierec.data.source", "tierec.data.synth_kernels", "tierec.data.synthetic", "tierec.data.text",
 ]  # fmt: skip
-EMBEDDING = ["tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
+EMBEDDING = ["tierec.embedding.ahead", "tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
 STORE = [
     "tierec.store", "tierec.store.sizes", "tierec.store.spec", "tierec.store.directory", "tierec.store.host",
     "tierec.store.disk", "tierec.store.hotness", "tierec.store.group", "tierec.store.plan", "tierec.store.pipeline",

@@ -285,6 +285,10 @@ class TrainConfig:
     # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
     precision: str = "auto"  # auto | fp32 | bf16
     compile: str = "auto"  # torch.compile the dense model: auto | on | off
+    # One process: the next batch's dedupe and index probe run on a background thread while
+    # this step trains (tierec/embedding/ahead.py); the same numbers either way. Off by default:
+    # on 2 cores the extra thread slowed the step (docs/performance.md, "The whole training step").
+    look_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:

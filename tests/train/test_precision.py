@@ -129,3 +129,28 @@ def test_compiled_model_equals_eager() -> None:
     torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-6)
     for n in ref[2]:
         torch.testing.assert_close(got[2][n], ref[2][n], rtol=1e-5, atol=1e-6)
+
+
+def test_dlrm_bf16_casts_embeddings_before_the_cat_with_the_same_numbers() -> None:
+    """DLRM casts the embeddings to the bottom output's dtype before stacking them; the reference
+    stacks in fp32 (autocast's cat promotes) and lets the interaction cast: bitwise the same."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="dlrm", bottom_mlp=[32], top_mlp=[32]), n_dense=5, n_sparse=6, dim=8)
+    g = torch.Generator().manual_seed(2)
+    dense, emb = torch.randn(128, 5, generator=g), 0.3 * torch.randn(128, 6, 8, generator=g)
+
+    def reference(dense, emb):
+        bottom = model.bottom(dense)
+        vectors = torch.cat([bottom.unsqueeze(1), emb], dim=1)
+        assert vectors.dtype == torch.float32  # promoted
+        return model.out(model.top(torch.cat([bottom, model.interaction(vectors)], dim=1))).squeeze(1)
+
+    outs = []
+    for fn in (reference, model):
+        e = emb.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = fn(dense, e, None) if fn is model else fn(dense, e)
+        logits.float().sum().backward()
+        outs.append((logits.detach(), e.grad))
+    assert outs[1][1].dtype == torch.float32
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -45,6 +45,18 @@ def test_resume_gives_the_uninterrupted_weights(tmp_path: Path, model: str) -> N
     assert full["test_auc"] == resumed["test_auc"]
 
 
+def test_look_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path) -> None:
+    """train.look_ahead (the next batch's dedupe and probe on a thread during this step) changes no number."""
+    over = SMALL + ["model.name=widedeep", "train.eval_every=5"]  # a wide collection beside it, evaluations between steps
+    ahead = Trainer(load_config(None, over + ["train.look_ahead=true"]), tmp_path / "ahead").fit()
+    plain = Trainer(load_config(None, over + ["train.look_ahead=false"]), tmp_path / "plain").fit()
+    a, b = _final_tensors(tmp_path / "ahead"), _final_tensors(tmp_path / "plain")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert ahead["test_auc"] == plain["test_auc"] and ahead["steps"] == plain["steps"] == 12
+
+
 def test_run_directory_contents(tmp_path: Path) -> None:
     over = SMALL + ["train.eval_every=4", "train.checkpoint_every=6"]
     summary = Trainer(load_config(None, over), tmp_path).fit()

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
+from tierec.embedding.ahead import Ahead, Prepared
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
@@ -78,14 +79,19 @@ class EmbeddingCollection(nn.Module):
 
     # --------------------------------------------------------------- forward
 
-    def forward(self, sparse: SparseFeatures) -> Tensor:
-        """Pooled embeddings ``[B, F, D]`` in ``feature_names`` order (all tables one dim)."""
+    def forward(self, sparse: SparseFeatures, ahead: Ahead | None = None) -> Tensor:
+        """Pooled embeddings ``[B, F, D]`` in ``feature_names`` order (all tables one dim).
+
+        ``ahead``: what :meth:`prepare` computed for this very batch (e.g. on another
+        thread while the previous step ran); the result is the same as without it.
+        """
         dims = set(self.dims)
         if len(dims) != 1:
             raise ValueError(f"forward() needs one dim for all tables, got {sorted(dims)}; use pooled_by_feature()")
         if sparse.keys != self.feature_names:
             sparse = select_features(sparse, self.feature_names)
-        outs = [self._group_forward(plan, sparse) for plan in self.plans]  # each [B, F_g, D]
+        parts = ahead.parts if ahead is not None and ahead.sparse is sparse else [None] * len(self.plans)
+        outs = [self._group_forward(plan, sparse, part) for plan, part in zip(self.plans, parts)]  # each [B, F_g, D]
         if len(outs) == 1 and self.plans[0].features == tuple(range(len(self.feature_names))):
             return outs[0]
         order = [f for plan in self.plans for f in plan.features]
@@ -103,20 +109,51 @@ class EmbeddingCollection(nn.Module):
                 out[self.feature_names[f]] = pooled[:, i]
         return out
 
-    def _group_forward(self, plan: GroupPlan, sparse: SparseFeatures) -> Tensor:  # -> [B, F_g, D]
-        b = sparse.batch_size
+    def prepare(self, sparse: SparseFeatures, dedupe: Deduper | None = None) -> Ahead:
+        """Steps 1 and 2 of :meth:`forward` for a batch, ahead of it: the dedupe, and the rows of
+        the ids already in the tables (a read-only probe, where the storage offers ``find_rows``).
+
+        Changes no table, so it may run on another thread while a step trains (ScaleFreeCTR's
+        pipeline; the trainer's look-ahead, :class:`tierec.embedding.ahead.LookAhead`). Ids still
+        missing are inserted by ``forward``, in the same order, so the rows are the same.
+        ``dedupe``: scratch space of the calling thread (two threads must not share one).
+        """
+        if sparse.keys != self.feature_names:
+            sparse = select_features(sparse, self.feature_names)
+        dd = dedupe if dedupe is not None else self._dedupe
+        parts = []
+        for plan in self.plans:
+            keys, tabs, off = self._ids(plan, sparse)
+            split = self._split(plan, off, sparse.batch_size)
+            ukeys, utabs, inverse = dd(keys, tabs, None if split is None else off[split * sparse.batch_size])
+            find = getattr(plan.group, "find_rows", None)  # optional: storages with a read-only probe
+            parts.append(Prepared(ukeys, utabs, inverse, None if find is None else find(ukeys, utabs)))
+        return Ahead(sparse, parts)
+
+    @staticmethod
+    def _ids(plan: GroupPlan, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         values, offsets, lengths = group_inputs(sparse, plan.features)  # [N], [F_g*B+1], [F_g]
-        keys = values.numpy()
-        tabs = np.repeat(plan.feature_table, lengths)  # [N]
-        # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
-        off = offsets.numpy()
-        # Features with tables of their own: threads split the dedupe and the backward by whole features.
-        split = None
+        return values.numpy(), np.repeat(plan.feature_table, lengths), offsets.numpy()  # keys, tables [N], offsets
+
+    @staticmethod
+    def _split(plan: GroupPlan, off: np.ndarray, b: int) -> np.ndarray | None:
+        """Features with tables of their own: threads split the dedupe and the backward by whole features."""
         threads = numba.get_num_threads()
         if plan.features_own_rows and threads > 1 and len(plan.features) > 1:
-            split = feature_bounds(off, b, threads)
-        ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
-        rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+            return feature_bounds(off, b, threads)
+        return None
+
+    def _group_forward(self, plan: GroupPlan, sparse: SparseFeatures, ahead: Prepared | None = None) -> Tensor:  # -> [B, F_g, D]
+        b = sparse.batch_size
+        keys, tabs, off = self._ids(plan, sparse)
+        # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
+        split = self._split(plan, off, b)
+        if ahead is None:
+            ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
+            rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+        else:
+            ukeys, utabs, inverse = ahead.keys, ahead.tabs, ahead.inverse
+            rows = ahead.rest(plan.group, self.training)
         layout = BagLayout(
             inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b, feature_split=split
         )

@@ -114,6 +114,12 @@ class TableGroup:
                 self._init_rows(found.rows[found.new], keys[found.new], tabs[found.new])
         return torch.from_numpy(found.rows)
 
+    def find_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """Rows [U] int64 of the known (table, key) pairs, -1 for the rest; reads only, so it may
+        run beside a training step (the collection's ``prepare``). Storages whose ``lookup`` does
+        more than find and insert set this to None."""
+        return self.index.lookup(keys, tabs, insert=False).rows
+
     def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
         if self.device.type == "cpu":
             kernels.init_rows(self.weights.numpy(), rows, keys, tabs.astype(np.int32), self.scales, self.seed)

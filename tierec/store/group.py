@@ -135,6 +135,8 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     # ------------------------------------------------------------ lookups
 
+    find_rows = None  # lookup() moves rows between tiers: no read-only probe ahead of it
+
     def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
         """Fast-tier slots [U] of unique (table, key) pairs, all resident together until the next lookup.
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
+from tierec.embedding.ahead import LookAhead
 from tierec.models import CTRModel, build_model, model_class
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
@@ -71,8 +72,15 @@ class Components:
         step = DenseStep(model, cfg.train.precision, cfg.train.compile)
         return Components(emb, wide, model, _dense_optimizer(cfg, model), pruner, dense_step=step)
 
-    def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
-        emb = self.embeddings(batch.sparse)  # [B, F, D]
+    def forward(self, batch: Batch, ahead: LookAhead | None = None, next_batch: Batch | None = None) -> Tensor:  # -> logits [B]
+        """``ahead``: takes this batch's prepared ids, and once the embedding forward has inserted
+        its ids, starts preparing ``next_batch``'s while the rest of the step runs."""
+        if ahead is None:
+            emb = self.embeddings(batch.sparse)  # [B, F, D]
+        else:
+            emb = self.embeddings(batch.sparse, ahead.take(batch.sparse))
+            if next_batch is not None:
+                ahead.submit(next_batch.sparse)
         wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None  # [B, F]
         if self.dense_step is None:
             dense = self.ddp if self.ddp is not None else self.model

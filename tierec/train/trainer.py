@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
+from tierec.embedding.ahead import LookAhead
 from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
@@ -81,6 +82,16 @@ def _prune_postfix(parts: Components) -> dict[str, str]:
         return {}
     pruned, regrown = parts.pruner.counts()
     return {"emb_MB": f"{parts.embedding_bytes() / 2**20:.1f}", "pruned": str(pruned), "regrown": str(regrown)}
+
+
+def with_next(batches: Iterable[Batch]) -> Iterator[tuple[Batch, Batch | None]]:
+    """(batch, the one after it or None): the look-ahead prepares the next batch during this step."""
+    it = iter(batches)
+    cur = next(it, None)
+    while cur is not None:
+        nxt = next(it, None)
+        yield cur, nxt
+        cur = nxt
 
 
 def peak_memory_bytes() -> int:
@@ -162,13 +173,17 @@ class Trainer:
         samples, busy, last_loss = 0, 0.0, float("nan")
         eval_split = "validation" if has_validation(cfg.data) else "test"
         done = pos.step >= total
+        # One process, no tiers (their prefetch pipeline pins each batch's rows as it is drawn)
+        ahead = LookAhead(parts.embeddings) if cfg.train.look_ahead and not self.job.distributed and not cfg.store.enabled else None
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
             with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
-                for batch in self._batches(store.wrap(loader)):  # look-ahead after the prefetch thread: same order on every rank
+                stream = self._batches(store.wrap(loader))  # look-ahead after the prefetch thread: same order on every rank
+                # only the look-ahead draws a batch before the step ahead of it is done
+                for batch, nxt in with_next(stream) if ahead is not None else ((b, None) for b in stream):
                     t0 = time.perf_counter()
-                    last_loss = self._step(parts, batch)
+                    last_loss = self._step(parts, batch, ahead, nxt)
                     self._check_loss(last_loss, pos, ckpt_dir)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
                     if pruning:
@@ -203,6 +218,8 @@ class Trainer:
                 pos.batch_in_epoch = 0
         bar.close()
         store.close()
+        if ahead is not None:
+            ahead.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
             self.job.settle()
             parts.pruner.step()  # the evaluated and saved model meets the budget too
@@ -285,10 +302,10 @@ class Trainer:
     def _footprint(self, parts: Components) -> dict[str, int]:
         return self.job.footprint(parts)
 
-    def _step(self, parts: Components, batch: Batch) -> float:
+    def _step(self, parts: Components, batch: Batch, ahead: LookAhead | None = None, nxt: Batch | None = None) -> float:
         parts.train(True)
         local = self.job.local(batch, parts)  # this process's slice (the batch itself on one process)
-        logits = parts.forward(local)
+        logits = parts.forward(local, ahead, nxt) if ahead is not None else parts.forward(local)
         loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
         parts.optimizer.zero_grad(set_to_none=True)
         # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's

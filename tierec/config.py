@@ -242,6 +242,10 @@ class ModelConfig:
     cross_layers: int = 2  # dcnv2
     cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
     dropout: float = 0.0
+    # First-order terms: a per-id bias (dim-1 table per feature, summed into the logit). deepfm and widedeep
+    # have them by design; dlrm and dcnv2 get them with "on", or with "auto" when the data has no dense
+    # features (id-only data: DLRM's pairwise dots then hold no per-id term at all). Never pruned.
+    first_order: str = "auto"  # auto | on | off
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
@@ -255,6 +259,10 @@ class ModelConfig:
             raise ConfigError("model.cross_layers and model.cross_rank must be >= 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.first_order not in {"auto", "on", "off"}:
+            raise ConfigError(f"model.first_order {self.first_order!r} is not one of auto, on, off")
+        if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
+            raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
 
 
 # ---------------------------------------------------------------------------- train
@@ -285,6 +293,12 @@ class TrainConfig:
     # device computes bf16 natively, fp32 elsewhere; tables and all optimizer state stay fp32.
     precision: str = "auto"  # auto | fp32 | bf16
     compile: str = "auto"  # torch.compile the dense model: auto | on | off
+    # At the end of `tierec train`, PNG plots of loss, AUC, samples/s, embedding rows and bytes (and the store's
+    # hit rate) in the run directory (`tierec report RUN_DIR` draws them again).
+    plots: bool = True
+    # TensorBoard event files of the metrics in <run_dir>/tensorboard; needs the tensorboard package
+    # (pip install 'tierec[tensorboard]').
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from tierec.config import Config, ConfigError, from_dict, load_config
+from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
 from tierec.paths import check_no_alias
 from tierec.train.preflight import preflight
 
@@ -74,7 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues a run and --overwrite starts it over: choose one")
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = (resume_config(run_dir, args.config, _overrides(args)) if args.resume else None) or _config(args)
+    cfg = resume_config(run_dir, args.config, _overrides(args)) if args.resume else None
+    if cfg is None:  # a new run: batch size, epochs and embedding optimizer from the data's size, where not given
+        cfg = _sized(_config(args), given_keys(args.config, _overrides(args)))
     if not args.progress:
         cfg.train.progress = False
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
@@ -122,6 +124,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     for p in files:
         print(p)
     return 0
+
+
+def _sized(cfg: Config, given: set[str]) -> Config:
+    from tierec.train.sizing import estimate_train_rows, size_defaults
+
+    cfg, chosen = size_defaults(cfg, given)
+    if chosen and int(os.environ.get("RANK", "0")) == 0:
+        values = ", ".join(f"{k}={v}" for k, v in chosen.items())
+        print(f"about {estimate_train_rows(cfg):,} training rows: {values} (chosen from the data's size; "
+              "set any of them to override; written to config.toml)")
+    return cfg
 
 
 def _launched_by_torchrun() -> bool:

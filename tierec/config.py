@@ -645,6 +645,16 @@ def load_config(
     >>> cfg.train.batch_size, cfg.train.epochs, cfg.train.max_steps
     (64, 5, 7)
     """
+    return from_dict(cls, merged_dict(path, overrides))
+
+
+def given_keys(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None) -> set[str]:
+    """The dotted keys that the config files and overrides set (the rest are defaults)."""
+    return set(flatten_dict(merged_dict(path, overrides)))
+
+
+def merged_dict(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The TOML files merged in order, then the overrides, as one nested dict (not validated yet)."""
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     data: dict[str, Any] = {}
     for one in paths:
@@ -657,4 +667,4 @@ def load_config(
             raise ConfigError(f"{p}: {e}") from None
     for o in overrides or []:
         apply_override(data, o)
-    return from_dict(cls, data)
+    return data

@@ -23,9 +23,11 @@ def _sets(items: list[str]) -> list[str]:
     return [x for o in items for x in ("--set", o)]
 
 
-def test_synthetic_default_and_large_files_keep_the_defaults(tmp_path: Path) -> None:
+def test_synthetic_data_and_large_files_keep_the_defaults(tmp_path: Path) -> None:
     default = load_config(None, [])
-    assert estimate_train_rows(default) == 1_000_000 and size_defaults(default, set()) == (default, {})
+    assert estimate_train_rows(default) is None and size_defaults(default, set()) == (default, {})
+    tiny = load_config(None, ["data.synthetic.train_rows=5000"])  # synthetic data keeps the defaults at any size
+    assert size_defaults(tiny, set()) == (tiny, {})
     big = tmp_path / "big.csv"
     big.write_text("user,item,clicked\n" + "".join(f"u{i % 977},i{i % 113},{i % 2}\n" for i in range(300_000)))
     cfg = load_config(None, [f"data.source={json.dumps(str(big))}"])

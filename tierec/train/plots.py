@@ -87,7 +87,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
             line(auc_ax, xy, f"{split} AUC")
             line(loss_ax, _series(records, "eval", "logloss", split=split), f"{split} logloss", linestyle="--")
     loss_ax.set(xlabel="step", ylabel="logloss", title="loss")
-    auc_ax.set(xlabel="step", ylabel="AUC", title="AUC")
+    evals = len(_series(records, "eval", "auc")[0])
+    auc_ax.set(xlabel="step", ylabel="AUC", title="AUC" if evals > 1 else "AUC (at the end only: train.eval_every = 0)")
+    auc_ax.set_xlim(loss_ax.get_xlim())  # the same steps as the loss
     for ax in (loss_ax, auc_ax):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

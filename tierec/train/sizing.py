@@ -5,9 +5,10 @@ The shipped defaults (batch 2048, one epoch, row-wise Adagrad lr 0.05 from init
 batch 2048 leaves a handful of steps per epoch, and row-wise Adagrad's first step
 on a row has full size whatever the gradient, so an id seen once carries one
 sample's noise (docs/models.md, "Defaults by data size"). Before training,
-``tierec train`` estimates the training rows (:func:`estimate_train_rows`: the
-file's size over the mean length of its first lines, Parquet's metadata, the
-synthetic row count) and :func:`size_defaults` sets, for every one of these keys
+``tierec train`` estimates the training rows of a file (:func:`estimate_train_rows`:
+the file's size over the mean length of its first lines, or Parquet's metadata;
+synthetic data and shard directories keep the defaults at any size, so the
+synthetic benchmarks and ``make demo`` are what they were) and :func:`size_defaults` sets, for every one of these keys
 the user did not give in a config file or ``--set``:
 
 ==================  ==========================  ====================================  ===========
@@ -51,10 +52,10 @@ _SAMPLE_BYTES = 1 << 16
 
 
 def estimate_train_rows(cfg: Config) -> int | None:
-    """About how many rows the training split has (None when unknown: shard directories, a missing file)."""
+    """About how many rows a file's training split has (None for synthetic data, shard directories, a missing file)."""
     data = cfg.data
     if data.source == "synthetic" or data.format == "synthetic":
-        return data.synthetic.train_rows
+        return None
     p = Path(data.source)
     if not p.is_file():
         return None

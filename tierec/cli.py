@@ -5,6 +5,8 @@
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec preprocess [--config FILE] [--set ...] --out DIR
+    tierec report RUN_DIR
+    tierec inspect FILE [--rows N] [--out schema.toml]
     tierec bench [benchmark options]
 
 Configuration problems, bad data files and unreadable checkpoints are reported
@@ -22,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from tierec.config import Config, ConfigError, from_dict, load_config
+from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
 from tierec.paths import check_no_alias
 from tierec.train.preflight import preflight
 
@@ -72,7 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues a run and --overwrite starts it over: choose one")
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = (resume_config(run_dir, args.config, _overrides(args)) if args.resume else None) or _config(args)
+    cfg = resume_config(run_dir, args.config, _overrides(args)) if args.resume else None
+    if cfg is None:  # a new run: batch size, epochs and embedding optimizer from the data's size, where not given
+        cfg = _sized(_config(args), given_keys(args.config, _overrides(args)))
     if not args.progress:
         cfg.train.progress = False
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
@@ -82,12 +86,55 @@ def cmd_train(args: argparse.Namespace) -> int:
         from tierec.train.launch import run_train
 
         return run_train(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, nproc=args.nproc, argv=args.argv,
-                         report=_print_summary)  # fmt: skip
+                         report=lambda summary: _finish(cfg, summary))  # fmt: skip
     with claim_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite), GracefulStop() as stop:
         trainer = Trainer(cfg, run_dir, resume=args.resume)
         trainer.stop = stop
-        _print_summary(trainer.fit())
+        summary = trainer.fit()
+    _finish(cfg, summary)
     return 0
+
+
+def _finish(cfg: Config, summary: dict) -> None:
+    """The run's summary on stdout, and its plots (train.plots) in the run directory."""
+    _print_summary(summary)
+    if cfg.train.plots:
+        from tierec.train.plots import write_plots
+
+        files = write_plots(summary["run_dir"])
+        print(f"plots           {', '.join(p.name for p in files)}  (`tierec report RUN_DIR` draws them again)")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from tierec.data.inspect import describe, inspect_file, schema_toml
+
+    report = inspect_file(args.file, max_rows=args.rows, fmt=args.format)
+    print(describe(report))
+    if args.out:
+        check_no_alias(args.out, [args.file], "inspect --out", "data")
+        Path(args.out).write_text(schema_toml(report))
+        print(f"wrote {args.out}: edit it, then `tierec train --config {args.out}`")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tierec.train.plots import write_plots
+
+    files = write_plots(args.run_dir)
+    for p in files:
+        print(p)
+    return 0
+
+
+def _sized(cfg: Config, given: set[str]) -> Config:
+    from tierec.train.sizing import estimate_train_rows, size_defaults
+
+    cfg, chosen = size_defaults(cfg, given)
+    if chosen and int(os.environ.get("RANK", "0")) == 0:
+        values = ", ".join(f"{k}={v}" for k, v in chosen.items())
+        print(f"about {estimate_train_rows(cfg):,} training rows: {values} (chosen from the data's size; "
+              "set any of them to override; written to config.toml)")
+    return cfg
 
 
 def _launched_by_torchrun() -> bool:
@@ -246,6 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
                                 "default: none, a 0-based 'row' number instead)")
         p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)
 
+    from tierec.data.inspect import DEFAULT_SAMPLE_ROWS
+
+    p = sub.add_parser("inspect", help="infer each column's role (label, numeric, categorical, multi-valued) and write a schema TOML")
+    p.add_argument("file", metavar="FILE", help="a CSV / TSV file (with or without a header), raw Criteo TSV, or Parquet")
+    p.add_argument("--rows", type=int, default=DEFAULT_SAMPLE_ROWS, metavar="N",
+                   help=f"read only the first N rows, a bounded sample (default: {DEFAULT_SAMPLE_ROWS})")
+    p.add_argument("--format", choices=["auto", "csv", "tsv", "criteo", "parquet"], default="auto",
+                   help="the file's format (default: auto, from the suffix and the first lines)")
+    p.add_argument("--out", metavar="FILE", help="write the inferred schema as a config TOML for `train --config` (default: print only)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("report", help="draw a run's PNG plots (loss, AUC, samples/s, embedding rows and bytes, store hit rate)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of `tierec train` (its metrics.jsonl); the PNGs are written there")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("preprocess", help="convert a data source into binary shards that stream fast")
     _add_config_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory for shards and manifest")
@@ -286,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
-    from tierec.errors import DiskFullError
+    from tierec.errors import DiskFullError, RunDirError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
     from tierec.train.stopping import Interrupted, TrainingDiverged
@@ -301,7 +363,7 @@ def _main(argv: list[str] | None) -> int:
             return args.func(args, rest)
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
-            TrainingDiverged, DiskFullError) as e:  # fmt: skip
+            TrainingDiverged, DiskFullError, RunDirError) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:

@@ -242,6 +242,10 @@ class ModelConfig:
     cross_layers: int = 2  # dcnv2
     cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
     dropout: float = 0.0
+    # First-order terms: a per-id bias (dim-1 table per feature, summed into the logit). deepfm and widedeep
+    # have them by design; dlrm and dcnv2 get them with "on", or with "auto" when the data has no dense
+    # features (id-only data: DLRM's pairwise dots then hold no per-id term at all). Never pruned.
+    first_order: str = "auto"  # auto | on | off
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
@@ -255,6 +259,10 @@ class ModelConfig:
             raise ConfigError("model.cross_layers and model.cross_rank must be >= 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.first_order not in {"auto", "on", "off"}:
+            raise ConfigError(f"model.first_order {self.first_order!r} is not one of auto, on, off")
+        if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
+            raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
 
 
 # ---------------------------------------------------------------------------- train
@@ -289,6 +297,12 @@ class TrainConfig:
     # this step trains (tierec/embedding/ahead.py); the same numbers either way. Off by default:
     # on 2 cores the extra thread slowed the step (docs/performance.md, "The whole training step").
     look_ahead: bool = False
+    # At the end of `tierec train`, PNG plots of loss, AUC, samples/s, embedding rows and bytes (and the store's
+    # hit rate) in the run directory (`tierec report RUN_DIR` draws them again).
+    plots: bool = True
+    # TensorBoard event files of the metrics in <run_dir>/tensorboard; needs the tensorboard package
+    # (pip install 'tierec[tensorboard]').
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -635,6 +649,16 @@ def load_config(
     >>> cfg.train.batch_size, cfg.train.epochs, cfg.train.max_steps
     (64, 5, 7)
     """
+    return from_dict(cls, merged_dict(path, overrides))
+
+
+def given_keys(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None) -> set[str]:
+    """The dotted keys that the config files and overrides set (the rest are defaults)."""
+    return set(flatten_dict(merged_dict(path, overrides)))
+
+
+def merged_dict(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The TOML files merged in order, then the overrides, as one nested dict (not validated yet)."""
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     data: dict[str, Any] = {}
     for one in paths:
@@ -647,4 +671,4 @@ def load_config(
             raise ConfigError(f"{p}: {e}") from None
     for o in overrides or []:
         apply_override(data, o)
-    return from_dict(cls, data)
+    return data

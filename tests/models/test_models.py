@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 from tierec.config import ConfigError, ModelConfig
-from tierec.models import CTRModel, build_model, model_class
+from tierec.models import CTRModel, build_model, has_first_order, model_class
 
 N_DENSE, N_SPARSE, DIM = 5, 4, 8
 CONFIGS = {
@@ -42,13 +42,31 @@ def test_output_shape(key: str, n_dense: int) -> None:
     assert out.shape == (6,) and out.dtype == torch.float32 and torch.isfinite(out).all()
 
 
-def test_uses_wide_flags() -> None:
-    assert {n: model_class(n).uses_wide for n in ["dlrm", "deepfm", "dcnv2", "widedeep"]} == {
-        "dlrm": False,
-        "deepfm": True,
-        "dcnv2": False,
-        "widedeep": True,
-    }
+def test_first_order_flags() -> None:
+    names = ["dlrm", "deepfm", "dcnv2", "widedeep"]
+    assert {n: model_class(n).first_order_by_design for n in names} == {"dlrm": False, "deepfm": True, "dcnv2": False, "widedeep": True}
+    for first_order, with_dense, id_only in [("auto", False, True), ("on", True, True), ("off", False, False)]:
+        for n in ["dlrm", "dcnv2"]:
+            cfg = ModelConfig(name=n, first_order=first_order)
+            assert (has_first_order(cfg, 3), has_first_order(cfg, 0)) == (with_dense, id_only), (n, first_order)
+            assert build_model(cfg, 3, N_SPARSE, DIM).uses_wide == with_dense
+            assert build_model(cfg, 0, N_SPARSE, DIM).uses_wide == id_only
+    with pytest.raises(ConfigError, match='model.first_order = "off" does not apply to deepfm'):
+        ModelConfig(name="deepfm", first_order="off")
+    with pytest.raises(ConfigError, match="model.first_order 'yes' is not one of"):
+        ModelConfig(first_order="yes")
+
+
+@pytest.mark.parametrize("name", ["dlrm", "dcnv2"])
+def test_first_order_adds_the_ids_weights_to_the_logit(name: str) -> None:
+    """On id-only data the logit is the architecture's own plus the sum of the first-order weights."""
+    model = make(name, n_dense=0)
+    dense, emb, wide = inputs(6, n_dense=0)
+    with pytest.raises(ValueError, match="needs wide"):
+        model(dense, emb, None)
+    shifted = wide.clone()
+    shifted[:, 1] += 2.0
+    torch.testing.assert_close(model(dense, emb, shifted) - model(dense, emb, wide), torch.full((6,), 2.0))
 
 
 @pytest.mark.parametrize("key", list(CONFIGS))

@@ -7,9 +7,12 @@ A model sees already-pooled embeddings, never ids: the embedding collection
 - ``emb``: ``[B, F, D]`` the pooled embedding of each of the ``F`` sparse features;
 - ``wide``: ``[B, F]`` pooled first-order (dim-1) embeddings, or ``None``.
 
-``forward`` returns logits ``[B]``. A model whose class attribute
-``uses_wide`` is true needs ``wide`` (the trainer then keeps a second
-collection of dim-1 tables); the others ignore it.
+``forward`` returns logits ``[B]``. First-order terms (a learned bias per id)
+are one mechanism for every model: a model whose ``uses_wide`` is true needs
+``wide`` (the trainer then keeps a second collection of dim-1 tables, never
+pruned) and adds :meth:`CTRModel.first_order` to its logit. DeepFM and
+Wide&Deep have them by design (``first_order_by_design``); DLRM and DCN-v2 get
+them when ``model.first_order`` asks (:func:`tierec.models.has_first_order`).
 
 >>> import torch
 >>> from tierec.models.base import CTRModel
@@ -37,15 +40,23 @@ PRIOR_LOGIT = math.log(PRIOR_POSITIVE_RATE / (1.0 - PRIOR_POSITIVE_RATE))
 class CTRModel(nn.Module):
     """Base class: stores the input sizes and checks input shapes."""
 
-    uses_wide: ClassVar[bool] = False
+    first_order_by_design: ClassVar[bool] = False
 
-    def __init__(self, n_dense: int, n_sparse: int, dim: int) -> None:
+    def __init__(self, n_dense: int, n_sparse: int, dim: int, first_order: bool = False) -> None:
         super().__init__()
         if n_dense < 0 or n_sparse < 1 or dim < 1:
             raise ValueError(f"need n_dense >= 0, n_sparse >= 1, dim >= 1; got {n_dense}, {n_sparse}, {dim}")
         self.n_dense = n_dense
         self.n_sparse = n_sparse
         self.dim = dim
+        self.uses_wide = first_order or self.first_order_by_design
+
+    def first_order(self, wide: Tensor | None) -> Tensor | float:  # -> [B], or 0.0 without first-order terms
+        """The sum of the ids' first-order weights, the part of the logit that is a per-id bias."""
+        if not self.uses_wide:
+            return 0.0
+        assert wide is not None  # check_inputs demands it
+        return wide.sum(dim=1)
 
     def check_inputs(self, dense: Tensor, emb: Tensor, wide: Tensor | None) -> None:
         """Raise ValueError naming the expected shapes when inputs do not match."""

@@ -8,6 +8,8 @@ the cross output and a 1-unit linear layer gives the logit.
 Stacked rather than parallel: the paper reports the two on par on Criteo, the
 stacked form has one path (the deep tower sees explicit crosses directly) and
 no extra concatenation; ``deep_mlp = []`` gives the cross-only model.
+With ``model.first_order`` (on id-only data by default) the ids' first-order
+weights (``wide``) are added to the logit (tierec.models.base).
 
 >>> import torch
 >>> from tierec.config import ModelConfig
@@ -24,14 +26,13 @@ from torch import Tensor
 
 from tierec.config import ModelConfig
 from tierec.models.base import CTRModel, output_layer
+from tierec.models.first_order import optional_first_order
 from tierec.models.layers import MLP, CrossNetV2
 
 
 class DCNv2(CTRModel):
-    uses_wide = False
-
     def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
-        super().__init__(n_dense, n_sparse, dim)
+        super().__init__(n_dense, n_sparse, dim, first_order=optional_first_order(cfg, n_dense))
         in_dim = n_dense + n_sparse * dim
         self.cross = CrossNetV2(in_dim, cfg.cross_layers, cfg.cross_rank)
         self.deep = MLP(in_dim, cfg.deep_mlp, cfg.dropout)
@@ -40,4 +41,4 @@ class DCNv2(CTRModel):
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
         x0 = torch.cat([dense, emb.flatten(1)], dim=1)  # [B, n_dense + F D]
-        return self.out(self.deep(self.cross(x0))).squeeze(1)  # [B]
+        return self.out(self.deep(self.cross(x0))).squeeze(1) + self.first_order(wide)  # [B]

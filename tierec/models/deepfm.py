@@ -25,7 +25,7 @@ from tierec.models.layers import MLP, FactorizationMachine
 
 
 class DeepFM(CTRModel):
-    uses_wide = True
+    first_order_by_design = True
 
     def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
         super().__init__(n_dense, n_sparse, dim)
@@ -43,8 +43,7 @@ class DeepFM(CTRModel):
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
-        assert wide is not None  # checked above
-        first = wide.sum(dim=1)  # [B]
+        first = self.first_order(wide)  # [B]
         fields = emb  # [B, F, D]
         if self.dense_first_order is not None and self.dense_field is not None:
             first = first + self.dense_first_order(dense).squeeze(1)

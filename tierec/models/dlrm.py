@@ -4,7 +4,9 @@ The bottom MLP maps the dense features to one more ``D``-dim vector
 (``bottom_mlp`` then a layer of width ``D``, ReLU after each). It is stacked with
 the ``F`` sparse embeddings and all pairwise dot products are taken (strict upper
 triangle); the top MLP sees ``[bottom_out, interactions]`` and ends in one logit.
-Without dense features there is no bottom MLP and only the interactions go up.
+Without dense features there is no bottom MLP and only the interactions go up;
+then no id has a term of its own, so ``model.first_order = "auto"`` adds the
+sum of the ids' first-order weights (``wide``) to the logit (tierec.models.base).
 
 >>> import torch
 >>> from tierec.config import ModelConfig
@@ -21,14 +23,13 @@ from torch import Tensor
 
 from tierec.config import ModelConfig
 from tierec.models.base import CTRModel, output_layer
+from tierec.models.first_order import optional_first_order
 from tierec.models.layers import MLP, DotInteraction
 
 
 class DLRM(CTRModel):
-    uses_wide = False
-
     def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
-        super().__init__(n_dense, n_sparse, dim)
+        super().__init__(n_dense, n_sparse, dim, first_order=optional_first_order(cfg, n_dense))
         self.bottom = MLP(n_dense, [*cfg.bottom_mlp, dim], cfg.dropout) if n_dense > 0 else None
         n_vectors = n_sparse + (1 if n_dense > 0 else 0)
         self.interaction = DotInteraction(n_vectors)
@@ -47,4 +48,4 @@ class DLRM(CTRModel):
             # same bf16 vectors in one pass fewer each way (their gradient comes back in fp32).
             vectors = torch.cat([bottom.unsqueeze(1), emb.to(bottom.dtype)], dim=1)  # [B, F + 1, D]
             top_in = torch.cat([bottom, self.interaction(vectors)], dim=1)  # [B, D + (F + 1) F / 2]
-        return self.out(self.top(top_in)).squeeze(1)  # [B]
+        return self.out(self.top(top_in)).squeeze(1) + self.first_order(wide)  # [B]

@@ -25,7 +25,7 @@ from tierec.models.layers import MLP
 
 
 class WideDeep(CTRModel):
-    uses_wide = True
+    first_order_by_design = True
 
     def __init__(self, cfg: ModelConfig, n_dense: int, n_sparse: int, dim: int) -> None:
         super().__init__(n_dense, n_sparse, dim)
@@ -35,8 +35,7 @@ class WideDeep(CTRModel):
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
-        assert wide is not None  # checked above
-        wide_logit = wide.sum(dim=1)  # [B]
+        wide_logit = self.first_order(wide)  # [B]
         if self.wide_dense is not None:
             wide_logit = wide_logit + self.wide_dense(dense).squeeze(1)
         deep_in = torch.cat([dense, emb.flatten(1)], dim=1)  # [B, n_dense + F D]

@@ -71,14 +71,14 @@ class StorePlan:
         self._default_weight = float(sum(record_bytes(t) for t in default)) or 1.0
 
     @classmethod
-    def for_run(cls, cfg: Config, feature_names: list[str] | tuple[str, ...]) -> StorePlan:
+    def for_run(cls, cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> StorePlan:
         """The plan of a training run: its main tables, and the dim-1 wide tables when the model has them."""
-        from tierec.models import model_class
+        from tierec.models import has_first_order
 
         if cfg.store.enabled and cfg.prune.enabled:
             _check_with_pruning(cfg.store)
         collections = [tables_from_config(cfg.embedding, feature_names)]
-        if model_class(cfg.model.name).uses_wide:
+        if has_first_order(cfg.model, n_dense):
             collections.append(tables_from_config(cfg.embedding, feature_names, dim=1, suffix=".wide"))
         return cls(cfg.store, collections)
 

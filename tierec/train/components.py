@@ -22,7 +22,7 @@ from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
 from tierec.embedding.ahead import LookAhead
-from tierec.models import CTRModel, build_model, model_class
+from tierec.models import CTRModel, build_model, has_first_order
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
 from tierec.store.plan import StorePlan
@@ -46,16 +46,17 @@ class Components:
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
         seed, device = cfg.train.seed, cfg.train.device
         torch.manual_seed(seed)
-        # Pruning stores the main tables as chunks; the dim-1 wide tables stay unpruned.
+        # Pruning stores the main tables as chunks; the dim-1 first-order tables are never pruned (a row of
+        # one dim has no trailing chunk to drop, and a bias costs 1/dim of its id's embedding).
         # Tiered storage (cfg.store) tags tables with their store and builds their groups; a no-op when off.
-        plan = StorePlan.for_run(cfg, feature_names)
+        plan = StorePlan.for_run(cfg, feature_names, n_dense)
         # With both, the pruned groups' chunks are what the tiers hold (tierec/storage.py decides).
         factory = storage_factory(plan, cfg.prune if cfg.prune.enabled else None)
         emb = EmbeddingCollection(
             plan.tables(tables_from_config(cfg.embedding, feature_names)), feature_names, seed=seed, device=device, group_factory=factory
         )
         wide = None
-        if model_class(cfg.model.name).uses_wide:
+        if has_first_order(cfg.model, n_dense):
             wide_cfg: EmbeddingConfig = dataclasses.replace(cfg.embedding, init_scale=WIDE_INIT_SCALE)
             wide = EmbeddingCollection(
                 plan.tables(tables_from_config(wide_cfg, feature_names, dim=1, suffix=".wide")),

@@ -55,6 +55,10 @@ def check_writable_dir(path: str, key: str) -> None:
 def preflight(cfg: Config) -> None:
     """Raise ConfigError if ``cfg`` cannot run on this machine."""
     check_device(cfg.train.device)
+    if cfg.train.tensorboard:
+        from tierec.train.tensorboard import require_tensorboard
+
+        require_tensorboard()
     if cfg.store.enabled:
         if cfg.store.disk_path:
             check_writable_dir(cfg.store.disk_path, "store.disk_path")

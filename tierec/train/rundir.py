@@ -56,6 +56,8 @@ SAFE_ON_RESUME = (
     "train.eval_batches",
     "train.checkpoint_every",
     "train.progress",
+    "train.plots",
+    "train.tensorboard",
     "train.threads",
     "train.nan_policy",
     "data.strict",

@@ -47,6 +47,7 @@ from tierec.train.metrics import EvalAccumulator
 from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
+from tierec.train.tensorboard import TensorBoardSink
 from tomli_w import dumps as dump_toml
 
 
@@ -63,17 +64,25 @@ class Position:
 
 
 class MetricsLog:
-    """Append-only JSON lines (a no-op when not ``enabled``: ranks other than 0 of a job)."""
+    """Append-only JSON lines (a no-op when not ``enabled``: ranks other than 0 of a job), copied to ``sink``
+    (TensorBoard with ``train.tensorboard``) when there is one."""
 
-    def __init__(self, path: Path, enabled: bool = True) -> None:
+    def __init__(self, path: Path, enabled: bool = True, sink: Any = None) -> None:
         self.path = path
         self.enabled = enabled
+        self.sink = sink if enabled else None
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.sink is not None:
+            self.sink.write(record)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
 
 
 def _prune_postfix(parts: Components) -> dict[str, str]:
@@ -147,7 +156,14 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
-        log = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.is_main)
+        sink = TensorBoardSink(self.run_dir) if cfg.train.tensorboard and self.is_main else None
+        log = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.is_main, sink=sink)
+        try:
+            return self._loop(cfg, log)
+        finally:
+            log.close()
+
+    def _loop(self, cfg: Config, log: MetricsLog) -> dict[str, Any]:
         ckpt_dir = self.run_dir / "checkpoints"
 
         # 1. data and model
@@ -157,6 +173,7 @@ class Trainer:
         if self.resume:
             pos = self._load(parts, ckpt_dir)
         total = self._total_steps(probe)
+        record_every = max(1, min(50, total // 100))  # train records: every 50 steps, or 100 records over a shorter run
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
 
         # 2. loop over steps
@@ -198,9 +215,10 @@ class Trainer:
                     bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{parts.embedding_rows():,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
-                    if pos.step % 50 == 0 or pos.step == total:
-                        bytes_ = parts.embedding_bytes()
-                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_bytes": bytes_, **store.record(), **self.job.bytes_record()})
+                    if pos.step % record_every == 0 or pos.step == total:
+                        bytes_, rows = parts.embedding_bytes(), parts.embedding_rows()
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_rows": rows,
+                                   "embedding_bytes": bytes_, **store.record(), **self.job.bytes_record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), ckpt_dir, pos, eval_split)
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience

@@ -1,0 +1,79 @@
+"""Issue 16 points 5 and 6: defaults chosen from the data's size (written to config.toml, kept on resume),
+and id-only data (DLRM on user and item columns beats item popularity)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from benchmarks.baselines import _rows, item_popularity
+from tierec.cli import main
+from tierec.config import load_config
+from tierec.data.id_only import write_id_only
+from tierec.train.sizing import estimate_train_rows, size_defaults
+
+CRITEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "criteo" / "train_head10000.txt"
+needs_criteo = pytest.mark.skipif(not CRITEO.exists(), reason="../shared/data/criteo is absent")
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [x for o in items for x in ("--set", o)]
+
+
+def test_synthetic_data_and_large_files_keep_the_defaults(tmp_path: Path) -> None:
+    default = load_config(None, [])
+    assert estimate_train_rows(default) is None and size_defaults(default, set()) == (default, {})
+    tiny = load_config(None, ["data.synthetic.train_rows=5000"])  # synthetic data keeps the defaults at any size
+    assert size_defaults(tiny, set()) == (tiny, {})
+    big = tmp_path / "big.csv"
+    big.write_text("user,item,clicked\n" + "".join(f"u{i % 977},i{i % 113},{i % 2}\n" for i in range(300_000)))
+    cfg = load_config(None, [f"data.source={json.dumps(str(big))}"])
+    assert 240_000 < estimate_train_rows(cfg) < 330_000  # 270,000: the first lines are shorter
+    assert size_defaults(cfg, set())[1] == {}
+
+
+@needs_criteo
+def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    base = [f"data.source={json.dumps(str(CRITEO))}", "data.test_rows=2000", "model.name=deepfm"]
+    assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(base + ["train.plots=false"])]) == 0
+    out = capsys.readouterr().out
+    assert "train.batch_size=256, train.epochs=2, embedding.optimizer.kind=adam" in out
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["train"]["batch_size"] == 256 and saved["train"]["epochs"] == 2
+    assert saved["embedding"]["optimizer"]["kind"] == "adam" and saved["embedding"]["init_scale"] == 0.01
+    summary = json.loads((run / "summary.json").read_text())
+    # Before: 4 steps of batch 2048 and row-wise Adagrad, DeepFM test AUC 0.54 (issue 16 point 5).
+    assert summary["steps"] == 2 * 32 and summary["test_auc"] > 0.70, summary
+    assert main(["train", "--run-dir", str(run), "--resume", "--no-progress", *_sets(["train.epochs=3"])]) == 0
+    assert "chosen from the data's size" not in capsys.readouterr().out
+    resumed = tomllib.loads((run / "config.toml").read_text())
+    assert resumed["train"]["batch_size"] == 256 and resumed["train"]["epochs"] == 3
+    assert json.loads((run / "summary.json").read_text())["steps"] == 3 * 32
+    # a key the user gives stands; giving one optimizer key keeps the whole optimizer as configured
+    cfg, chosen = size_defaults(load_config(None, base + ["train.batch_size=128", "embedding.optimizer.lr=0.02"]),
+                                {"train.batch_size", "embedding.optimizer.lr"})
+    assert chosen == {"train.epochs": 2, "embedding.init_scale": 0.01}
+    assert cfg.train.batch_size == 128 and cfg.embedding.optimizer.kind.value == "rowwise_adagrad"
+
+
+def test_dlrm_on_id_only_data_beats_item_popularity(tmp_path: Path, capsys) -> None:
+    """User and item columns, no numeric ones: before the first-order tables DLRM scored 0.50 here."""
+    path = tmp_path / "ids.csv"
+    write_id_only(path, rows=30_000, users=800, items=200, seed=3)
+    schema = [f"data.source={json.dumps(str(path))}", 'data.schema.label="clicked"', 'data.schema.categorical=["user","item"]',
+              'data.split="hash"']
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(schema + ["train.plots=false"])]) == 0
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["model"]["first_order"] == "auto"
+    dlrm = json.loads((run / "summary.json").read_text())["test_auc"]
+    cfg = load_config(None, schema)
+    popularity = item_popularity(_rows(cfg, "train")[:3], _rows(cfg, "test")[:3], column=1)
+    assert dlrm > popularity + 0.005, (dlrm, popularity)
+    off = tmp_path / "off"
+    assert main(["train", "--run-dir", str(off), "--no-progress", *_sets(schema + ["train.plots=false", 'model.first_order="off"'])]) == 0
+    assert json.loads((off / "summary.json").read_text())["test_auc"] < popularity - 0.05

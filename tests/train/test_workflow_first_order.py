@@ -1,0 +1,49 @@
+"""First-order tables of DLRM on id-only data with pruning: the dim-1 tables are never pruned, and are saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tierec.config import load_config
+from tierec.data.id_only import write_id_only
+from tierec.train.checkpoint import load_checkpoint
+from tierec.train.components import Components
+from tierec.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def ids(tmp_path_factory) -> list[str]:
+    path = tmp_path_factory.mktemp("ids") / "ids.csv"
+    write_id_only(path, rows=4000, users=300, items=80, seed=1)
+    return [f"data.source={json.dumps(str(path))}", 'data.schema.label="clicked"', 'data.schema.categorical=["user","item"]',
+            "train.batch_size=256", "train.progress=false", "embedding.dim=8", "model.top_mlp=[8]"]
+
+
+def test_pruning_never_touches_the_first_order_tables(ids: list[str]) -> None:
+    cfg = load_config(None, ids + ["prune.enabled=true", "prune.chunk=4", "prune.every=4", "prune.target_ratio=2"])
+    parts = Components.build(cfg, ["user", "item"], n_dense=0)
+    assert parts.wide is not None and all(g.pruning() is None for g in parts.wide.groups)
+    assert parts.pruner is not None and len(parts.pruner.groups) == len(parts.embeddings.groups) > 0
+
+
+@pytest.mark.parametrize("storage", ["pruned"])
+def test_dlrm_id_only_trains_on_every_storage(ids: list[str], storage: str, tmp_path: Path) -> None:
+    extra = {
+        "pruned": ["prune.enabled=true", "prune.chunk=4", "prune.every=4", "prune.target_ratio=2"],
+        "tiered": ["store.enabled=true", "store.memory_budget=64KiB", "store.cache_size=16KiB", f"store.disk_path={json.dumps(str(tmp_path / 'disk'))}"],
+    }
+    over = ids + [x for part in storage.split("+") for x in extra[part]]
+    plain = Trainer(load_config(None, ids), tmp_path / "plain").fit()
+    run = Trainer(load_config(None, over), tmp_path / "run").fit()
+    tensors, _ = load_checkpoint(tmp_path / "run" / "checkpoints")
+    wide = {k for k, v in tensors.items() if ".wide" in k and v.numel()}
+    assert wide, sorted(tensors)[:20]  # the dim-1 tables are saved with the run
+    if storage == "tiered":  # placement does not change the numbers
+        assert run["test_auc"] == pytest.approx(plain["test_auc"], abs=1e-6)
+        assert run["final_train_loss"] == pytest.approx(plain["final_train_loss"], abs=1e-6)
+    assert run["test_auc"] > 0.6, run
+    torch.testing.assert_close(torch.tensor(run["embedding_rows"] > 0), torch.tensor(True))

@@ -1,0 +1,127 @@
+"""PNG plots of a run, drawn from its ``metrics.jsonl``: what `train` leaves at the end and `tierec report` redraws.
+
+Four pictures go into the run directory (matplotlib, Agg backend: no display needed):
+
+- ``loss_auc.png``: training loss over steps, and validation (or test) AUC over steps;
+- ``throughput.png``: training samples/s over steps;
+- ``embedding.png``: embedding rows and bytes (tables, optimizer state, indexes) over steps;
+- ``store_hit_rate.png``: the tiered store's hit rate over steps, only when tables are tiered.
+
+>>> import json, tempfile
+>>> from pathlib import Path
+>>> run = Path(tempfile.mkdtemp())
+>>> rows = [{"kind": "train", "step": s, "loss": 0.6 - s / 1000, "samples_per_s": 1e4, "embedding_rows": 10 * s,
+...          "embedding_bytes": 640 * s} for s in (1, 2, 3)]
+>>> rows.append({"kind": "eval", "split": "validation", "step": 3, "auc": 0.7, "logloss": 0.5, "rows": 10})
+>>> _ = (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+>>> [p.name for p in write_plots(run)]
+['loss_auc.png', 'throughput.png', 'embedding.png']
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tierec.errors import RunDirError
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl``; a missing file or a torn last line is a one-line error."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise RunDirError(f"{path}: no such file (is {run_dir} a run directory of `tierec train`?)")
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{path}:{n}: not a JSON record ({e.msg})") from None
+    return records
+
+
+def _series(records: list[dict[str, Any]], kind: str, key: str, **match: Any) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` in the records of ``kind`` (and the ``match`` fields), the latest per step."""
+    by_step: dict[int, float] = {}
+    for r in records:
+        if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items()) and r.get(key) is not None:
+            by_step[int(r["step"])] = float(r[key])
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def _hit_rate(records: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    by_step = {int(r["step"]): float(r["store"]["total"]["hit_rate"]) for r in records if r.get("kind") == "train" and "store" in r}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def write_plots(run_dir: str | Path) -> list[Path]:
+    """Draw the run's plots into ``run_dir``; returns the files written (the store's only with tiered tables)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=100)
+        plt.close(fig)
+        written.append(run_dir / name)
+
+    def line(ax: Any, xy: tuple[list[int], list[float]], label: str, **kw: Any) -> None:
+        ax.plot(*xy, marker="o" if len(xy[0]) < 30 else None, markersize=3, label=label, **kw)
+
+    fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    line(loss_ax, _series(records, "train", "loss"), "training loss (batch mean)")
+    for split in ("validation", "test"):
+        xy = _series(records, "eval", "auc", split=split)
+        if xy[0]:
+            line(auc_ax, xy, f"{split} AUC")
+            line(loss_ax, _series(records, "eval", "logloss", split=split), f"{split} logloss", linestyle="--")
+    loss_ax.set(xlabel="step", ylabel="logloss", title="loss")
+    evals = len(_series(records, "eval", "auc")[0])
+    auc_ax.set(xlabel="step", ylabel="AUC", title="AUC" if evals > 1 else "AUC (at the end only: train.eval_every = 0)")
+    auc_ax.set_xlim(loss_ax.get_xlim())  # the same steps as the loss
+    for ax in (loss_ax, auc_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    save(fig, "loss_auc.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    line(ax, _series(records, "train", "samples_per_s"), "samples/s (since start)")
+    ax.set(xlabel="step", ylabel="samples/s", title="training throughput")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    save(fig, "throughput.png")
+
+    fig, rows_ax = plt.subplots(figsize=(6, 4))
+    line(rows_ax, _series(records, "train", "embedding_rows"), "rows", color="tab:blue")
+    rows_ax.set(xlabel="step", ylabel="embedding rows", title="embedding tables")
+    rows_ax.set_ylim(bottom=0)
+    bytes_ax = rows_ax.twinx()
+    steps, values = _series(records, "train", "embedding_bytes")
+    line(bytes_ax, (steps, [v / 2**20 for v in values]), "MiB", color="tab:orange", linestyle="--")
+    bytes_ax.set(ylabel="MiB (rows, optimizer state, index)")
+    bytes_ax.set_ylim(bottom=0)
+    rows_ax.legend(*[a + b for a, b in zip(rows_ax.get_legend_handles_labels(), bytes_ax.get_legend_handles_labels())], loc="lower right")
+    rows_ax.grid(alpha=0.3)
+    save(fig, "embedding.png")
+
+    steps, rates = _hit_rate(records)
+    if steps:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        line(ax, (steps, [100 * r for r in rates]), "hit rate")
+        ax.set(xlabel="step", ylabel="% of lookups served from RAM (since start)", title="tiered store hit rate (evaluations included)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        save(fig, "store_hit_rate.png")
+    return written

@@ -1,0 +1,117 @@
+"""Defaults chosen from the data's size: batch size, epochs and embedding optimizer for small files.
+
+The shipped defaults (batch 2048, one epoch, row-wise Adagrad lr 0.05 from init
+1/sqrt(dim)) are made for millions of rows. On a file of thousands they collapse:
+batch 2048 leaves a handful of steps per epoch, and row-wise Adagrad's first step
+on a row has full size whatever the gradient, so an id seen once carries one
+sample's noise (docs/models.md, "Defaults by data size"). Before training,
+``tierec train`` estimates the training rows of a file (:func:`estimate_train_rows`:
+the file's size over the mean length of its first lines, or Parquet's metadata;
+synthetic data and shard directories keep the defaults at any size, so the
+synthetic benchmarks and ``make demo`` are what they were) and :func:`size_defaults` sets, for every one of these keys
+the user did not give in a config file or ``--set``:
+
+==================  ==========================  ====================================  ===========
+training rows       train.batch_size            embedding optimizer                   train.epochs
+==================  ==========================  ====================================  ===========
+< 20,000            rows / 30 down to a power   adam lr 0.001, init_scale 0.01        2
+                    of 2, within [32, 256]
+20,000 - 204,799    rows / 100 down to a power  (the defaults)                        1
+                    of 2, at least 256
+>= 204,800          2048 (the default)          (the defaults)                        1
+==================  ==========================  ====================================  ===========
+
+The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
+and ``predict`` read them back, never choosing again) and printed.
+
+>>> from tierec.config import load_config
+>>> cfg, chosen = size_defaults(load_config(None, []), given=set(), train_rows=8_000)
+>>> chosen
+{'train.batch_size': 256, 'train.epochs': 2, 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
+>>> size_defaults(load_config(None, []), given={"train.batch_size"}, train_rows=60_000)[1]
+{}
+>>> size_defaults(load_config(None, []), given=set(), train_rows=60_000)[1]
+{'train.batch_size': 512}
+>>> size_defaults(load_config(None, []), given=set(), train_rows=5_000_000)[1]
+{}
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from tierec.config import Config, OptimizerKind
+
+SMALL_ROWS = 20_000  # below: most ids are seen once or twice; Adam from a small init, two epochs
+LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
+STEPS_PER_EPOCH = 100
+MIN_BATCH = 256  # from 20,000 rows on
+_SAMPLE_BYTES = 1 << 16
+
+
+def estimate_train_rows(cfg: Config) -> int | None:
+    """About how many rows a file's training split has (None for synthetic data, shard directories, a missing file)."""
+    data = cfg.data
+    if data.source == "synthetic" or data.format == "synthetic":
+        return None
+    p = Path(data.source)
+    if not p.is_file():
+        return None
+    if p.suffix.lower() in (".parquet", ".pq") or data.format == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            total = pq.ParquetFile(p).metadata.num_rows
+        except Exception:  # noqa: BLE001 - unreadable: the reader names the problem later
+            return None
+    else:
+        size = p.stat().st_size
+        with p.open("rb") as f:
+            head = f.read(_SAMPLE_BYTES)
+        lines = head.count(b"\n")
+        total = size // max(len(head) // max(lines, 1), 1) if lines else 1
+    if data.test_source:
+        return total
+    held = data.test_rows if data.test_rows else data.test_fraction * total
+    held += data.validation_rows if data.validation_rows else data.validation_fraction * total
+    return max(int(total - held), 0)
+
+
+def _choices(rows: int) -> dict[str, Any]:
+    if rows >= LARGE_ROWS:
+        return {}
+    if rows < SMALL_ROWS:  # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
+        small = max(min(1 << max((rows // 30).bit_length() - 1, 0), MIN_BATCH), 32)
+        return {"train.batch_size": small, "train.epochs": 2, "embedding.optimizer.kind": OptimizerKind.ADAM.value,
+                "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
+    batch = 1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0)
+    return {"train.batch_size": max(batch, MIN_BATCH)}
+
+
+def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with the size-chosen values for the keys not in ``given``; and what was chosen (dotted key -> value).
+
+    ``train_rows``: the training rows (default: :func:`estimate_train_rows`). The embedding optimizer's keys go
+    together: giving any ``embedding.optimizer.*`` key keeps the optimizer as configured.
+    """
+    rows = estimate_train_rows(cfg) if train_rows is None else train_rows
+    if rows is None:
+        return cfg, {}
+    chosen = {}
+    optimizer_given = any(k.startswith("embedding.optimizer.") for k in given)
+    for key, value in _choices(rows).items():
+        if key in given or (key.startswith("embedding.optimizer.") and optimizer_given):
+            continue
+        chosen[key] = value
+    if not chosen:
+        return cfg, {}
+    out = copy.deepcopy(cfg)
+    for key, value in chosen.items():
+        *path, last = key.split(".")
+        node: Any = out
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, last, OptimizerKind.parse(value) if last == "kind" else value)
+    return out, chosen

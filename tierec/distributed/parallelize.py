@@ -86,21 +86,10 @@ class JobSums:
         dist.all_reduce(t, group=self.ctx.dense_group)
         return t.numpy()
 
-    def gather(self, values: np.ndarray) -> np.ndarray:
-        """Every rank's ``values`` (same dtype and trailing shape), concatenated along axis 0 in rank order."""
-        w, group = self.ctx.world_size, self.ctx.dense_group
-        arr = np.ascontiguousarray(values)
-        raw = arr.view(np.int64) if arr.dtype == np.uint64 else arr  # gloo has no uint64
-        sizes = torch.empty(w, dtype=torch.int64)
-        dist.all_gather_single(sizes, torch.tensor([arr.shape[0]], dtype=torch.int64), group=group)
-        m = int(sizes.max())
-        mine = torch.zeros((m, *arr.shape[1:]), dtype=torch.from_numpy(raw[:0]).dtype)
-        mine[: arr.shape[0]] = torch.from_numpy(raw)
-        every = torch.empty((w * m, *arr.shape[1:]), dtype=mine.dtype)
-        dist.all_gather_single(every, mine, group=group)
-        every = every.view(w, m, *arr.shape[1:])
-        out = np.concatenate([every[r, : int(sizes[r])].numpy() for r in range(w)])
-        return out.view(np.uint64) if arr.dtype == np.uint64 else out
+    def min(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctx.dense_group)
+        return float(t)
 
 
 def parallelize(parts: Any, ctx: DistContext, cfg: Config) -> Hierarchical | None:

@@ -46,7 +46,7 @@ class JobReduce(Protocol):
     def sum(self, values: np.ndarray) -> np.ndarray:  # elementwise sum over the job's processes
         ...
 
-    def gather(self, values: np.ndarray) -> np.ndarray:  # every process's rows, concatenated in rank order
+    def min(self, value: float) -> float:  # the smallest ``value`` over the job's processes
         ...
 
 
@@ -56,8 +56,8 @@ class OneProcess:
     def sum(self, values: np.ndarray) -> np.ndarray:
         return values
 
-    def gather(self, values: np.ndarray) -> np.ndarray:
-        return values
+    def min(self, value: float) -> float:
+        return value
 
 
 def descending_key(scores: np.ndarray) -> np.ndarray:
@@ -76,13 +76,14 @@ class Positions:
         self.rows = [s.shape[0] for s in scores]
         self.must = [(s == np.inf).sum(axis=1) for s in scores]  # [n_rows] per group
         self.must_bytes = 0
-        hi, mid, lo, cost, group, row = [], [], [], [], [], []
+        hi, mid, lo, cost, group, row, score = [], [], [], [], [], [], []
         for g, (s, b, t, rb) in enumerate(zip(scores, chunk_bytes, tie_keys, row_bytes)):
             c = np.full(s.shape, b, dtype=np.int64)
             c[:, 0] += rb
             self.must_bytes += int(c[s == np.inf].sum())
             r, p = np.nonzero((s > -np.inf) & (s < np.inf))
-            hi.append(descending_key(s[r, p]))
+            score.append(s[r, p])
+            hi.append(descending_key(score[-1]))
             mid.append(np.asarray(t, dtype=np.uint64)[r])
             lo.append((np.uint32(g) << np.uint32(16)) | p.astype(np.uint32))
             cost.append(c[r, p])
@@ -91,7 +92,7 @@ class Positions:
         self.key = (np.concatenate(hi), np.concatenate(mid), np.concatenate(lo))  # [n] uint32, uint64, uint32
         self.cost = np.concatenate(cost)  # [n] bytes
         self.group, self.row = np.concatenate(group), np.concatenate(row)
-        self.score = np.concatenate([s[(s > -np.inf) & (s < np.inf)] for s in scores]) if scores else np.zeros(0)
+        self.score = np.concatenate(score)  # [n] float32
 
     def digit(self, i: int, sel: np.ndarray) -> np.ndarray:  # digit ``i`` (0 = most significant) of positions ``sel``
         field, shift = _FIELD[i]
@@ -135,7 +136,7 @@ def select_spread(parts: Sequence[Positions], budget: int, job: JobReduce) -> tu
             active = [a[dig == d] for a, dig in zip(active, digits)]
     kept = [p.before(tuple(bound)) if budget >= 0 else np.zeros(p.cost.size, dtype=bool) for p in parts]
     low = min((float(p.score[k].min()) for p, k in zip(parts, kept) if k.any()), default=np.inf)
-    tau = float(job.gather(np.array([low], dtype=np.float64)).min())
+    tau = float(job.min(low))
     return [p.counts(k) for p, k in zip(parts, kept)], tau
 
 

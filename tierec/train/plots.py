@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tierec.errors import RunDirError
 
@@ -43,20 +43,21 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _series(records: list[dict[str, Any]], kind: str, key: str, **match: Any) -> tuple[list[int], list[float]]:
-    """(steps, values) of ``key`` in the records of ``kind`` (and the ``match`` fields), the latest per step."""
+def _series(records: list[dict[str, Any]], kind: str, key: str, get: Callable[[dict], Any] | None = None,
+            **match: Any) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` (or ``get(record)``) in the records of ``kind`` (and the ``match`` fields),
+    the latest per step."""
+    get = get or (lambda r: r.get(key))
     by_step: dict[int, float] = {}
     for r in records:
-        if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items()) and r.get(key) is not None:
-            by_step[int(r["step"])] = float(r[key])
+        if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items()) and get(r) is not None:
+            by_step[int(r["step"])] = float(get(r))
     steps = sorted(by_step)
     return steps, [by_step[s] for s in steps]
 
 
-def _hit_rate(records: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    by_step = {int(r["step"]): float(r["store"]["total"]["hit_rate"]) for r in records if r.get("kind") == "train" and "store" in r}
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
+def _hit_rate(r: dict[str, Any]) -> float | None:
+    return r["store"]["total"]["hit_rate"] if "store" in r else None
 
 
 def write_plots(run_dir: str | Path) -> list[Path]:
@@ -116,7 +117,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     rows_ax.grid(alpha=0.3)
     save(fig, "embedding.png")
 
-    steps, rates = _hit_rate(records)
+    steps, rates = _series(records, "train", "hit_rate", _hit_rate)
     if steps:
         fig, ax = plt.subplots(figsize=(6, 4))
         line(ax, (steps, [100 * r for r in rates]), "hit rate")

@@ -38,11 +38,10 @@ and ``predict`` read them back, never choosing again) and printed.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
-from tierec.config import Config, OptimizerKind
+from tierec.config import Config, OptimizerKind, from_dict, to_dict
 
 SMALL_ROWS = 20_000  # below: most ids are seen once or twice; Adam from a small init, two epochs
 LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
@@ -107,11 +106,11 @@ def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -
         chosen[key] = value
     if not chosen:
         return cfg, {}
-    out = copy.deepcopy(cfg)
+    data = to_dict(cfg)
     for key, value in chosen.items():
         *path, last = key.split(".")
-        node: Any = out
+        node = data
         for part in path:
-            node = getattr(node, part)
-        setattr(node, last, OptimizerKind.parse(value) if last == "kind" else value)
-    return out, chosen
+            node = node[part]
+        node[last] = value
+    return from_dict(Config, data), chosen  # validated like any config

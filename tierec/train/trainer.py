@@ -323,7 +323,7 @@ class Trainer:
     def _step(self, parts: Components, batch: Batch, ahead: LookAhead | None = None, nxt: Batch | None = None) -> float:
         parts.train(True)
         local = self.job.local(batch, parts)  # this process's slice (the batch itself on one process)
-        logits = parts.forward(local, ahead, nxt) if ahead is not None else parts.forward(local)
+        logits = parts.forward(local, ahead, nxt)
         loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
         parts.optimizer.zero_grad(set_to_none=True)
         # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's

@@ -69,6 +69,22 @@ def test_first_order_adds_the_ids_weights_to_the_logit(name: str) -> None:
     torch.testing.assert_close(model(dense, emb, shifted) - model(dense, emb, wide), torch.full((6,), 2.0))
 
 
+def test_dlrm_without_dense_features_dots_a_learned_constant_with_each_id() -> None:
+    """With no dense input the bottom MLP is reduced to its bias: a learned vector stacked with the embeddings,
+    so each id's vector has a term of its own (<constant, e_i>) as it has <bottom(dense), e_i> with dense features."""
+    model = make("dlrm", n_dense=0)
+    dense, emb, wide = inputs(6, n_dense=0)
+    assert model.bottom is None and model.constant.shape == (DIM,)
+    vectors = torch.cat([model.constant.expand(6, 1, DIM), emb], dim=1)  # [B, F + 1, D]
+    rows, cols = torch.triu_indices(N_SPARSE + 1, N_SPARSE + 1, offset=1)
+    dots = torch.einsum("bid,bjd->bij", vectors, vectors)[:, rows, cols]  # plain reference of the interaction
+    expected = model.out(model.top(dots)).squeeze(1) + wide.sum(1)
+    torch.testing.assert_close(model(dense, emb, wide), expected)
+    model(dense, emb, wide).sum().backward()
+    assert model.constant.grad is not None and model.constant.grad.abs().sum() > 0
+    assert make("dlrm").constant is None  # with dense features the bottom MLP's vector plays that part
+
+
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_gradients_reach_every_parameter(key: str) -> None:
     model = make(key)

@@ -1,33 +1,38 @@
-"""Defaults chosen from the data's size: batch size, epochs and embedding optimizer for small files.
+"""Defaults chosen from the data's size: batch size, epochs, model size and optimizers for small files.
 
-The shipped defaults (batch 2048, one epoch, row-wise Adagrad lr 0.05 from init
-1/sqrt(dim)) are made for millions of rows. On a file of thousands they collapse:
-batch 2048 leaves a handful of steps per epoch, and row-wise Adagrad's first step
-on a row has full size whatever the gradient, so an id seen once carries one
-sample's noise (docs/models.md, "Defaults by data size"). Before training,
-``tierec train`` estimates the training rows of a file (:func:`estimate_train_rows`:
-the file's size over the mean length of its first lines, or Parquet's metadata;
-synthetic data and shard directories keep the defaults at any size, so the
-synthetic benchmarks and ``make demo`` are what they were) and :func:`size_defaults` sets, for every one of these keys
-the user did not give in a config file or ``--set``:
+The shipped defaults (batch 2048, one epoch, embeddings dim 16 with row-wise
+Adagrad lr 0.05 from init 1/sqrt(dim), dense Adam lr 0.005) are made for
+millions of rows. On a file of thousands they collapse: batch 2048 leaves a
+handful of steps per epoch, row-wise Adagrad's first step on a row has full size
+whatever the gradient, so an id seen once carries one sample's noise, and a
+model of dim 16 over 26 features overfits within its third pass (docs/models.md,
+"Defaults by data size"). Before training, ``tierec train`` estimates the
+training rows of a file (:func:`estimate_train_rows`: the file's size over the
+mean length of its first lines, or Parquet's metadata; synthetic data and shard
+directories keep the defaults at any size, so the synthetic benchmarks and
+``make demo`` are what they were) and :func:`size_defaults` sets, for every one
+of these keys the user did not give in a config file or ``--set``:
 
-==================  ==========================  ====================================  ===========
-training rows       train.batch_size            embedding optimizer                   train.epochs
-==================  ==========================  ====================================  ===========
-< 20,000            rows / 30 down to a power   adam lr 0.001, init_scale 0.01        2
-                    of 2, within [32, 256]
-20,000 - 204,799    rows / 100 down to a power  (the defaults)                        1
+==================  ===========================  ======  =============================================
+training rows       train.batch_size             epochs  other keys
+==================  ===========================  ======  =============================================
+< 20,000            rows / 30 down to a power    2       train.dense_lr 0.002; model.first_order "on"
+                    of 2, within [32, 256]               (DLRM, DCN-v2); embedding.dim 8 (not with
+                                                         pruning); embedding optimizer Adam lr 0.001
+                                                         from embedding.init_scale 0.01
+20,000 - 204,799    rows / 100 down to a power   1       (the defaults)
                     of 2, at least 256
->= 204,800          2048 (the default)          (the defaults)                        1
-==================  ==========================  ====================================  ===========
+>= 204,800          2048 (the default)           1       (the defaults)
+==================  ===========================  ======  =============================================
 
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.
 
 >>> from tierec.config import load_config
 >>> cfg, chosen = size_defaults(load_config(None, []), given=set(), train_rows=8_000)
->>> chosen
-{'train.batch_size': 256, 'train.epochs': 2, 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
+>>> chosen  # doctest: +NORMALIZE_WHITESPACE
+{'train.batch_size': 256, 'train.epochs': 2, 'train.dense_lr': 0.002, 'model.first_order': 'on', 'embedding.dim': 8,
+ 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
 >>> size_defaults(load_config(None, []), given={"train.batch_size"}, train_rows=60_000)[1]
 {}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=60_000)[1]
@@ -43,10 +48,13 @@ from typing import Any
 
 from tierec.config import Config, OptimizerKind, from_dict, to_dict
 
-SMALL_ROWS = 20_000  # below: most ids are seen once or twice; Adam from a small init, two epochs
+SMALL_ROWS = 20_000  # below: most ids are seen once or twice; a smaller model, Adam from a small init, two epochs
 LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
 STEPS_PER_EPOCH = 100
 MIN_BATCH = 256  # from 20,000 rows on
+SMALL_DIM = 8  # below 20,000 rows: fewer values per id seen once or twice, and less to overfit
+SMALL_DENSE_LR = 0.002
+OPTIONAL_FIRST_ORDER = ("dlrm", "dcnv2")
 _SAMPLE_BYTES = 1 << 16
 
 
@@ -78,15 +86,21 @@ def estimate_train_rows(cfg: Config) -> int | None:
     return max(int(total - held), 0)
 
 
-def _choices(rows: int) -> dict[str, Any]:
+def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     if rows >= LARGE_ROWS:
         return {}
-    if rows < SMALL_ROWS:  # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
-        small = max(min(1 << max((rows // 30).bit_length() - 1, 0), MIN_BATCH), 32)
-        return {"train.batch_size": small, "train.epochs": 2, "embedding.optimizer.kind": OptimizerKind.ADAM.value,
-                "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
-    batch = 1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0)
-    return {"train.batch_size": max(batch, MIN_BATCH)}
+    if rows >= SMALL_ROWS:
+        batch = 1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0)
+        return {"train.batch_size": max(batch, MIN_BATCH)}
+    # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
+    small = max(min(1 << max((rows // 30).bit_length() - 1, 0), MIN_BATCH), 32)
+    out: dict[str, Any] = {"train.batch_size": small, "train.epochs": 2, "train.dense_lr": SMALL_DENSE_LR}
+    if cfg.model.name in OPTIONAL_FIRST_ORDER:  # the per-id bias a logistic regression has (DeepFM, W&D: by design)
+        out["model.first_order"] = "on"
+    if not cfg.prune.enabled:  # a pruned run chooses its rows' dims itself (and its chunk must divide them)
+        out["embedding.dim"] = SMALL_DIM
+    out.update({"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01})
+    return out
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:
@@ -100,7 +114,7 @@ def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -
         return cfg, {}
     chosen = {}
     optimizer_given = any(k.startswith("embedding.optimizer.") for k in given)
-    for key, value in _choices(rows).items():
+    for key, value in _choices(rows, cfg).items():
         if key in given or (key.startswith("embedding.optimizer.") and optimizer_given):
             continue
         chosen[key] = value

@@ -24,7 +24,7 @@ from tierec.data import open_source
 from tierec.train.metrics import auc
 
 
-def _rows(cfg, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+def split_rows(cfg, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     """dense [n, d], ids [n, F] (one per feature; a bag's first id), labels [n]."""
     src = open_source(cfg.data, split, 65536)
     dense, ids, labels = [], [], []
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--item", default="", help="categorical column for item popularity (default: the first one)")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
-    train, test = _rows(cfg, "train"), _rows(cfg, "test")
+    train, test = split_rows(cfg, "train"), split_rows(cfg, "test")
     names = train[3]
     column = names.index(a.item) if a.item else 0
     lr = logistic_regression(train[:3], test[:3])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.baselines import _rows, item_popularity
+from benchmarks.baselines import item_popularity, split_rows
 from tierec.cli import main
 from tierec.config import load_config
 from tierec.data.id_only import write_id_only
@@ -79,7 +79,7 @@ def test_dlrm_on_id_only_data_beats_item_popularity(tmp_path: Path, capsys) -> N
     assert saved["model"]["first_order"] == "auto"
     dlrm = json.loads((run / "summary.json").read_text())["test_auc"]
     cfg = load_config(None, schema)
-    popularity = item_popularity(_rows(cfg, "train")[:3], _rows(cfg, "test")[:3], column=1)
+    popularity = item_popularity(split_rows(cfg, "train")[:3], split_rows(cfg, "test")[:3], column=1)
     assert dlrm > popularity + 0.005, (dlrm, popularity)
     off = tmp_path / "off"
     assert main(["train", "--run-dir", str(off), "--no-progress", *_sets(schema + ["train.plots=false", 'model.first_order="off"'])]) == 0

@@ -2,10 +2,14 @@
 
 DLRM's interactions are dots between vectors. With dense features, the bottom
 MLP's vector dotted with an id's embedding acts as that id's bias; without dense
-features (id-only data such as user and item columns) there is no such vector
-and no id has a term of its own: test AUC 0.50 where item popularity reaches
-0.72 (docs/models.md, "Id-only data"). ``"auto"`` adds the dim-1 tables there;
-``"on"`` adds them always, ``"off"`` never. DCN-v2 follows the same key.
+features (id-only data such as user and item columns) DLRM dots a learned
+constant vector instead (tierec/models/dlrm.py). Before either, DLRM had no
+per-id term there and scored test AUC 0.50 where item popularity reaches 0.72
+(docs/models.md, "Id-only data"). The dim-1 tables add the per-id bias a
+logistic regression has, learned directly: ``"auto"`` adds them on data without
+dense features, ``"on"`` always (what ``tierec train`` chooses below 20,000
+training rows, tierec/train/sizing.py), ``"off"`` never. DCN-v2 follows the same
+key.
 
 >>> from tierec.config import ModelConfig
 >>> optional_first_order(ModelConfig(name="dlrm"), n_dense=13), optional_first_order(ModelConfig(name="dlrm"), n_dense=0)

@@ -20,8 +20,9 @@ training rows       train.batch_size             epochs  other keys
                     of 2, within [32, 256]               (DLRM, DCN-v2); embedding.dim 8 (not with
                                                          pruning); embedding optimizer Adam lr 0.001
                                                          from embedding.init_scale 0.01
-20,000 - 204,799    rows / 100 down to a power   1       (the defaults)
-                    of 2, at least 256
+20,000 - 65,535     rows / 100 down to a power   1       embedding optimizer Adam lr 0.001 from
+                    of 2, at least 256                   embedding.init_scale 0.01
+65,536 - 204,799    the same                     1       (the defaults)
 >= 204,800          2048 (the default)           1       (the defaults)
 ==================  ===========================  ======  =============================================
 
@@ -33,9 +34,11 @@ and ``predict`` read them back, never choosing again) and printed.
 >>> chosen  # doctest: +NORMALIZE_WHITESPACE
 {'train.batch_size': 256, 'train.epochs': 2, 'train.dense_lr': 0.002, 'model.first_order': 'on', 'embedding.dim': 8,
  'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
->>> size_defaults(load_config(None, []), given={"train.batch_size"}, train_rows=60_000)[1]
+>>> size_defaults(load_config(None, []), given={"train.batch_size"}, train_rows=100_000)[1]
 {}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=60_000)[1]
+{'train.batch_size': 512, 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
+>>> size_defaults(load_config(None, []), given=set(), train_rows=100_000)[1]
 {'train.batch_size': 512}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=5_000_000)[1]
 {}
@@ -50,6 +53,7 @@ from tierec.config import Config, OptimizerKind, from_dict, to_dict
 
 SMALL_ROWS = 20_000  # below: most ids are seen once or twice; a smaller model, Adam from a small init, two epochs
 LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
+ADAM_ROWS = 65_536  # below: Adam from a small init for the embeddings (measured better up to 54k rows, worse at 90k)
 STEPS_PER_EPOCH = 100
 MIN_BATCH = 256  # from 20,000 rows on
 SMALL_DIM = 8  # below 20,000 rows: fewer values per id seen once or twice, and less to overfit
@@ -89,9 +93,10 @@ def estimate_train_rows(cfg: Config) -> int | None:
 def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     if rows >= LARGE_ROWS:
         return {}
+    adam = {"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
     if rows >= SMALL_ROWS:
-        batch = 1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0)
-        return {"train.batch_size": max(batch, MIN_BATCH)}
+        batch = max(1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0), MIN_BATCH)
+        return {"train.batch_size": batch, **(adam if rows < ADAM_ROWS else {})}
     # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
     small = max(min(1 << max((rows // 30).bit_length() - 1, 0), MIN_BATCH), 32)
     out: dict[str, Any] = {"train.batch_size": small, "train.epochs": 2, "train.dense_lr": SMALL_DENSE_LR}
@@ -99,8 +104,7 @@ def _choices(rows: int, cfg: Config) -> dict[str, Any]:
         out["model.first_order"] = "on"
     if not cfg.prune.enabled:  # a pruned run chooses its rows' dims itself (and its chunk must divide them)
         out["embedding.dim"] = SMALL_DIM
-    out.update({"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01})
-    return out
+    return {**out, **adam}
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:

@@ -244,8 +244,11 @@ class ModelConfig:
     dropout: float = 0.0
     # First-order terms: a per-id bias (dim-1 table per feature, summed into the logit). deepfm and widedeep
     # have them by design; dlrm and dcnv2 get them with "on", or with "auto" when the data has no dense
-    # features (id-only data: DLRM's pairwise dots then hold no per-id term at all). Never pruned.
+    # features (id-only data). Never pruned.
     first_order: str = "auto"  # auto | on | off
+    # The first-order tables learn at the embedding optimizer's lr times this (a bias is one number in logit
+    # units, an embedding value one of dim small ones; `tierec train` picks 3 below 20,000 training rows).
+    first_order_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
@@ -263,6 +266,7 @@ class ModelConfig:
             raise ConfigError(f"model.first_order {self.first_order!r} is not one of auto, on, off")
         if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
             raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
+        _positive_rate(self.first_order_lr_scale, "model.first_order_lr_scale")
 
 
 # ---------------------------------------------------------------------------- train

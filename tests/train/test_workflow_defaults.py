@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.baselines import item_popularity, split_rows
 from tierec.cli import main
-from tierec.config import load_config
+from tierec.config import ConfigError, load_config
 from tierec.data.id_only import write_id_only
 from tierec.train.sizing import estimate_train_rows, size_defaults
 
@@ -41,8 +41,9 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     base = [f"data.source={json.dumps(str(CRITEO))}", "data.test_rows=2000", "model.name=deepfm"]
     assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(base + ["train.plots=false"])]) == 0
     out = capsys.readouterr().out
-    assert "train.batch_size=256, train.epochs=2, train.dense_lr=0.002, embedding.dim=8, embedding.optimizer.kind=adam" in out
-    assert "model.first_order" not in out  # DeepFM has first-order terms by design: nothing to choose
+    assert ("train.batch_size=256, train.epochs=2, train.dense_lr=0.002, model.first_order_lr_scale=3.0, embedding.dim=8, "
+            "embedding.optimizer.kind=adam") in out
+    assert "model.first_order=" not in out  # DeepFM has first-order terms by design: nothing to turn on
     saved = tomllib.loads((run / "config.toml").read_text())
     assert saved["train"]["batch_size"] == 256 and saved["train"]["epochs"] == 2 and saved["train"]["dense_lr"] == 0.002
     assert saved["embedding"]["optimizer"]["kind"] == "adam" and saved["embedding"]["init_scale"] == 0.01
@@ -58,7 +59,8 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     # a key the user gives stands; giving one optimizer key keeps the whole optimizer as configured
     cfg, chosen = size_defaults(load_config(None, base + ["train.batch_size=128", "embedding.optimizer.lr=0.02"]),
                                 {"train.batch_size", "embedding.optimizer.lr"})
-    assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "embedding.dim": 8, "embedding.init_scale": 0.01}
+    assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "model.first_order_lr_scale": 3.0, "embedding.dim": 8,
+                      "embedding.init_scale": 0.01}
     assert cfg.train.batch_size == 128 and cfg.embedding.optimizer.kind.value == "rowwise_adagrad"
     # DLRM gets first-order terms below 20,000 rows; a pruned run keeps its dim (its chunks must divide it)
     _, dlrm = size_defaults(load_config(None, base + ["model.name=dlrm", "prune.enabled=true", "prune.chunk=16"]),
@@ -84,3 +86,19 @@ def test_dlrm_on_id_only_data_beats_item_popularity(tmp_path: Path, capsys) -> N
     off = tmp_path / "off"
     assert main(["train", "--run-dir", str(off), "--no-progress", *_sets(schema + ["train.plots=false", 'model.first_order="off"'])]) == 0
     assert json.loads((off / "summary.json").read_text())["test_auc"] > popularity  # the constant vector alone
+
+
+def test_first_order_tables_learn_at_the_scaled_rate(tmp_path: Path) -> None:
+    """model.first_order_lr_scale multiplies the first-order tables' rate and leaves the embeddings' as configured."""
+    from tierec.train.components import Components
+
+    path = tmp_path / "ids.csv"
+    write_id_only(path, rows=256, users=50, items=20, seed=0)
+    base = [f"data.source={json.dumps(str(path))}", 'data.schema.label="clicked"', 'data.schema.categorical=["user","item"]',
+            'embedding.optimizer.kind="adam"', "embedding.optimizer.lr=0.01", "train.batch_size=256"]
+    for scale in (1.0, 3.0):
+        parts = Components.build(load_config(None, [*base, f"model.first_order_lr_scale={scale}"]), ["user", "item"], n_dense=0)
+        assert [t.optimizer.lr for t in parts.wide.tables] == pytest.approx([0.01 * scale] * 2)
+        assert {t.optimizer.lr for t in parts.embeddings.tables} == {0.01}
+    with pytest.raises(ConfigError, match="model.first_order_lr_scale must be positive"):
+        load_config(None, [*base, "model.first_order_lr_scale=0"])

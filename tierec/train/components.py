@@ -57,7 +57,10 @@ class Components:
         )
         wide = None
         if has_first_order(cfg.model, n_dense):
-            wide_cfg: EmbeddingConfig = dataclasses.replace(cfg.embedding, init_scale=WIDE_INIT_SCALE)
+            rate = cfg.embedding.optimizer.lr * cfg.model.first_order_lr_scale
+            wide_cfg: EmbeddingConfig = dataclasses.replace(
+                cfg.embedding, init_scale=WIDE_INIT_SCALE, optimizer=dataclasses.replace(cfg.embedding.optimizer, lr=rate)
+            )
             wide = EmbeddingCollection(
                 plan.tables(tables_from_config(wide_cfg, feature_names, dim=1, suffix=".wide")),
                 feature_names,

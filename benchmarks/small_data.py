@@ -149,14 +149,44 @@ def train_auc(spec: SmallFile, model: str, seed: int, run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def _cpu() -> str:
+    """The CPU model and the flags that matter here (bf16 and AMX change the dense model's arithmetic)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return f"{model}; " + " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+
+
+def markdown(paths: list[Path]) -> str:
+    """One row per file of the JSON results in ``paths``: each model's mean test AUC (its gap to logistic regression)."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        for r in json.loads(path.read_text())["results"]:
+            rows.setdefault(r["file"], {"train": r["train_rows"], "test": r["test_rows"], "lr": r["logistic_regression_auc"],
+                                        "pop": next(v for k, v in r.items() if k.startswith("popularity_of_")), "seeds": len(r["runs"])})
+            rows[r["file"]][r["model"]] = r["mean_test_auc"]
+    out = ["| file (train / test rows, seeds) | DLRM | DeepFM | DCN-v2 | Wide&Deep | logistic regression | item popularity |",
+           "|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        cells = [f"{r[m]:.4f} ({r[m] - r['lr']:+.4f})" if m in r else "" for m in MODELS]
+        out.append(f"| {name} ({r['train']:,} / {r['test']:,}, {r['seeds']}) | " + " | ".join(cells) + f" | {r['lr']:.4f} | {r['pop']:.4f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.small_data", description=__doc__.split("\n\n")[0])
-    p.add_argument("--work", required=True, type=Path, help="directory for the files and runs (created)")
+    p.add_argument("--work", type=Path, help="directory for the files and runs (created)")
+    p.add_argument("--table", nargs="+", type=Path, help="print the results in these JSON files as a markdown table, and stop")
     p.add_argument("--files", default="", help="comma-separated names (default: all)")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
+    if a.table:
+        print(markdown(a.table))
+        return 0
+    if a.work is None:
+        p.error("--work is required (or --table)")
     a.work.mkdir(parents=True, exist_ok=True)
     table = files(a.work)
     names = a.files.split(",") if a.files else list(table)
@@ -190,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:10s} {model:9s} {mean:8.4f} {per:>23s} {lr['auc']:7.4f} {mean - lr['auc']:+7.4f} {popularity:7.4f}", flush=True)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"command": "python -m benchmarks.small_data " + " ".join(sys.argv[1:] if argv is None else argv), "results": results}, indent=1))
+        a.json.write_text(json.dumps({"host": _cpu(), "command": "python -m benchmarks.small_data " + " ".join(sys.argv[1:] if argv is None else argv), "results": results}, indent=1))
     return 0
 
 

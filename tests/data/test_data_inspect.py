@@ -107,3 +107,20 @@ def test_inspect_errors_are_one_line(tmp_path: Path, capsys) -> None:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err, err
+
+
+def test_camel_case_id_columns_are_categorical(tmp_path: Path) -> None:
+    """MovieLens names its columns userId and movieId: integer ids, not quantities (movieId was `numeric`)."""
+    from tierec.data.inspect import id_named
+
+    path = tmp_path / "ratings.csv"
+    rng = np.random.default_rng(0)
+    lines = ["userId,movieId,ItemID,play-count,rating,timestamp"]
+    lines += [f"{u},{m},{i},{c},{r},{t}" for u, m, i, c, r, t in zip(rng.integers(1, 50, 300), rng.integers(1, 3000, 300),
+              rng.integers(1, 90, 300), rng.integers(0, 40, 300), rng.integers(1, 6, 300), rng.integers(9e8, 1e9, 300))]
+    path.write_text("\n".join(lines) + "\n")
+    roles = {c.name: c.role for c in inspect_file(path).columns}
+    assert roles == {"userId": "categorical", "movieId": "categorical", "ItemID": "categorical", "play-count": "numeric",
+                     "rating": "label", "timestamp": "numeric"}
+    assert [n for n in ("movieId", "item_id", "ad-id", "ItemID", "Id", "valid", "paid", "video") if id_named(n)] == [
+        "movieId", "item_id", "ad-id", "ItemID", "Id"]

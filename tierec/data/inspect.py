@@ -42,6 +42,12 @@ DEFAULT_SAMPLE_ROWS = 100_000
 _LABEL_NAMES = re.compile(r"^(label|labels|click|clicks|clicked|is_click|target|y|conversion|converted|purchase|purchased)$", re.I)
 _RATING_NAMES = re.compile(r"rating|score|stars", re.I)
 _ID_NAMES = re.compile(r"(^|_)(id|ids|uid|iid|user|users|item|items|movie|product|ad|advertiser|campaign|query|session|userid|itemid)$", re.I)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # movieId -> movie_Id, ItemID -> Item_ID
+
+
+def id_named(name: str) -> bool:
+    """Whether a column's name says it holds ids (``user``, ``item_id``, ``movieId``, ``ItemID``, ``ad-id``)."""
+    return bool(_ID_NAMES.search(_CAMEL.sub("_", name.strip()).replace("-", "_").replace(" ", "_")))
 _SEPARATORS = ("|", ";", ",")
 _HEX = re.compile(r"^[0-9a-fA-F]{8}$")
 CRITEO_FIELDS = 40
@@ -164,7 +170,7 @@ def _column(name: str, values: list[str | None], delimiter: str) -> ColumnReport
     c.binary = binary and present > 0
     numeric = present > 0 and c.numbers > present / 2
     if numeric:
-        c.role = "categorical" if (c.integers == c.numbers and _ID_NAMES.search(name) and not c.binary) else "numeric"
+        c.role = "categorical" if (c.integers == c.numbers and id_named(name) and not c.binary) else "numeric"
     else:
         c.role = "categorical"
         if present:

@@ -124,3 +124,32 @@ def test_camel_case_id_columns_are_categorical(tmp_path: Path) -> None:
                      "rating": "label", "timestamp": "numeric"}
     assert [n for n in ("movieId", "item_id", "ad-id", "ItemID", "Id", "valid", "paid", "video") if id_named(n)] == [
         "movieId", "item_id", "ad-id", "ItemID", "Id"]
+
+
+def test_integer_codes_are_categorical_and_a_row_key_is_left_out(tmp_path: Path, capsys) -> None:
+    """An Avazu-shaped log (written here): a unique row id, integer codes (C1, banner_pos, device_type, C14) and a
+    count. Before, the codes were `numeric` and the row id a feature whose every value is seen once."""
+    rng = np.random.default_rng(1)
+    n = 1500
+    lines = ["id,click,C1,banner_pos,site_id,device_type,C14,impressions"]
+    for i in range(n):
+        lines.append(f"{10**18 + i * 7919},{int(rng.random() < 0.2)},{1005 + rng.integers(0, 3)},{rng.integers(0, 3)},"
+                     f"{rng.integers(0, 200):x}a,{rng.integers(0, 5)},{15700 + rng.integers(0, 400)},{rng.integers(0, 900)}")
+    path = tmp_path / "avazu.csv"
+    path.write_text("\n".join(lines) + "\n")
+    roles = {c.name: c.role for c in inspect_file(path).columns}
+    assert roles == {"id": "key", "click": "label", "C1": "categorical", "banner_pos": "categorical", "site_id": "categorical",
+                     "device_type": "categorical", "C14": "categorical", "impressions": "numeric"}
+    out = tmp_path / "schema.toml"
+    assert main(["inspect", str(path), "--out", str(out)]) == 0
+    assert "row key (left out)" in capsys.readouterr().out
+    text = out.read_text()
+    assert "--key id" in text
+    cfg = load_config([str(out)], [])
+    assert cfg.data.schema.categorical == ["C1", "banner_pos", "site_id", "device_type", "C14"]
+    assert cfg.data.schema.dense == ["impressions"]
+    src = open_source(cfg.data, "all", 512)
+    assert src.num_rows == n and len(src.feature_names) == 5 and src.n_dense == 1
+    # fewer rows than KEY_MIN_ROWS: an all-distinct column may be a rare feature in a small sample; it stays
+    path.write_text("\n".join(lines[:501]) + "\n")
+    assert {c.name: c.role for c in inspect_file(path).columns}["id"] == "categorical"

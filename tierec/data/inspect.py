@@ -10,8 +10,12 @@ number in a column that is mostly numbers), and infers a role:
   first 0/1 column), or a numeric column named like a label or rating (then
   ``data.schema.label_threshold`` must turn it into clicks: the TOML says so);
 - ``numeric``: mostly numbers -> ``data.schema.dense``; except integer columns
-  named like ids (``user``, ``item_id``, ...), which are categorical;
+  named like ids (``user``, ``item_id``, ``movieId``, ...) or codes (``C14``,
+  ``banner_pos``, ``device_type``, ...), which are categorical;
 - ``categorical``: anything else;
+- ``key``: a categorical column with a different value in every row (at least
+  1,000 rows read): a row key, left out of the features (each id would be seen
+  once) and named in the TOML for ``tierec predict --key``;
 - ``multi-valued``: categorical values holding a separator (``|``, ``;``, or
   ``,`` in a TSV) in at least 5% of the rows, with the separator.
 
@@ -44,13 +48,26 @@ _RATING_NAMES = re.compile(r"rating|score|stars", re.I)
 _ID_NAMES = re.compile(r"(^|_)(id|ids|uid|iid|user|users|item|items|movie|product|ad|advertiser|campaign|query|session|userid|itemid)$", re.I)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # movieId -> movie_Id, ItemID -> Item_ID
 
-
-def id_named(name: str) -> bool:
-    """Whether a column's name says it holds ids (``user``, ``item_id``, ``movieId``, ``ItemID``, ``ad-id``)."""
-    return bool(_ID_NAMES.search(_CAMEL.sub("_", name.strip()).replace("-", "_").replace(" ", "_")))
 _SEPARATORS = ("|", ";", ",")
 _HEX = re.compile(r"^[0-9a-fA-F]{8}$")
 CRITEO_FIELDS = 40
+# Integer codes, not quantities: Criteo's and Avazu's anonymised C1, C14, ..., and columns named like a kind of thing.
+_CODE_NAMES = re.compile(r"(^|_)(c\d+|type|pos|position|category|code|class|kind|occupation|gender|zip|zipcode|country|city)$", re.I)
+KEY_MIN_ROWS = 1_000  # a column with a different value in every one of at least this many rows is a row key
+
+
+def _words(name: str) -> str:
+    return _CAMEL.sub("_", name.strip()).replace("-", "_").replace(" ", "_")
+
+
+def id_named(name: str) -> bool:
+    """Whether a column's name says it holds ids (``user``, ``item_id``, ``movieId``, ``ItemID``, ``ad-id``)."""
+    return bool(_ID_NAMES.search(_words(name)))
+
+
+def code_named(name: str) -> bool:
+    """Whether a column's name says its integers are codes (``C14``, ``banner_pos``, ``device_type``, ``occupation``)."""
+    return bool(_CODE_NAMES.search(_words(name)))
 
 
 @dataclass
@@ -64,7 +81,7 @@ class ColumnReport:
     binary: bool = False  # every number is 0 or 1, and every value a number
     high: float = -math.inf  # the largest number
     separator: str = ""  # for a multi-valued column
-    role: str = ""  # label | numeric | categorical | multi-valued
+    role: str = ""  # label | numeric | categorical | multi-valued | key
 
     @property
     def malformed(self) -> int:
@@ -142,7 +159,8 @@ def _is_criteo(rows: list[list[str]], delimiter: str) -> bool:
     return labels_ok and hex_ok
 
 
-def _column(name: str, values: list[str | None], delimiter: str) -> ColumnReport:
+def _column(name: str, values: list[str | None], delimiter: str, named: bool = True) -> ColumnReport:
+    """One column's counts and role; ``named``: the name is the file's (not c0, c1, ... of a headerless file)."""
     c = ColumnReport(name=name, values=len(values))
     seen: set[str] = set()
     with_sep = {s: 0 for s in _SEPARATORS if s != delimiter}
@@ -170,13 +188,16 @@ def _column(name: str, values: list[str | None], delimiter: str) -> ColumnReport
     c.binary = binary and present > 0
     numeric = present > 0 and c.numbers > present / 2
     if numeric:
-        c.role = "categorical" if (c.integers == c.numbers and id_named(name) and not c.binary) else "numeric"
+        codes = c.integers == c.numbers and not c.binary and named and (id_named(name) or code_named(name))
+        c.role = "categorical" if codes else "numeric"
     else:
         c.role = "categorical"
         if present:
             sep, count = max(with_sep.items(), key=lambda kv: kv[1], default=("", 0))
             if count >= 0.05 * present:
                 c.role, c.separator = "multi-valued", sep
+    if c.role == "categorical" and present >= KEY_MIN_ROWS and c.distinct == present:
+        c.role = "key"  # every id seen once: no signal to learn, but what `predict --key` wants
     return c
 
 
@@ -215,7 +236,7 @@ def inspect_file(path: str | Path, max_rows: int = DEFAULT_SAMPLE_ROWS, fmt: str
     data = rows[1:] if header else rows
     data, more = data[:max_rows], more or len(data) > max_rows
     report = InspectReport(str(p), "tsv" if delimiter == "\t" else "csv", len(data), header, delimiter, malformed_rows=bad, truncated=more)
-    report.columns = [_column(name, [r[j] for r in data], delimiter) for j, name in enumerate(names)]
+    report.columns = [_column(name, [r[j] for r in data], delimiter, named=header) for j, name in enumerate(names)]
     _choose_label(report.columns)
     return report
 
@@ -260,6 +281,8 @@ def describe(report: InspectReport) -> str:
         role = c.role + (f" (separator {c.separator!r})" if c.separator else "")
         if c.role == "label" and not c.binary:
             role += " (not 0/1: threshold)"
+        if c.role == "key":
+            role = "row key (left out)"
         lines.append(f"{c.name:<16} {role:<26} {c.distinct:>9,} {c.missing:>9,} {c.malformed:>9,}")
     if report.malformed_rows:
         lines.append(f"{report.malformed_rows:,} rows with a different number of fields than the first (skipped here, and in training)")
@@ -305,6 +328,9 @@ def schema_toml(report: InspectReport) -> str:
         seps = {c.separator for c in multi if c.separator}
         if seps:
             out.append(f"separator = {json.dumps(sorted(seps)[0])}" + ("  # columns use different separators" if len(seps) > 1 else ""))
+    for c in report.column("key"):
+        out.append(f"# left out: {c.name!r} has a different value in each of {c.distinct:,} rows (a row key, nothing to learn);")
+        out.append(f"# score new data with `tierec predict ... --key {c.name}`")
     if report.format in ("csv", "tsv"):
         if not report.header:
             out.append("header = false")

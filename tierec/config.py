@@ -247,7 +247,7 @@ class ModelConfig:
     # features (id-only data). Never pruned.
     first_order: str = "auto"  # auto | on | off
     # The first-order tables learn at the embedding optimizer's lr times this (a bias is one number in logit
-    # units, an embedding value one of dim small ones; `tierec train` picks 3 below 20,000 training rows).
+    # units, an embedding value one of dim small ones; `tierec train` picks 5 below 20,000 training rows).
     first_order_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:

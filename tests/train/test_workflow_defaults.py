@@ -41,7 +41,7 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     base = [f"data.source={json.dumps(str(CRITEO))}", "data.test_rows=2000", "model.name=deepfm"]
     assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(base + ["train.plots=false"])]) == 0
     out = capsys.readouterr().out
-    assert ("train.batch_size=256, train.epochs=2, train.dense_lr=0.002, model.first_order_lr_scale=3.0, embedding.dim=8, "
+    assert ("train.batch_size=256, train.epochs=2, train.dense_lr=0.002, model.first_order_lr_scale=5.0, embedding.dim=8, "
             "embedding.optimizer.kind=adam") in out
     assert "model.first_order=" not in out  # DeepFM has first-order terms by design: nothing to turn on
     saved = tomllib.loads((run / "config.toml").read_text())
@@ -59,7 +59,7 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     # a key the user gives stands; giving one optimizer key keeps the whole optimizer as configured
     cfg, chosen = size_defaults(load_config(None, base + ["train.batch_size=128", "embedding.optimizer.lr=0.02"]),
                                 {"train.batch_size", "embedding.optimizer.lr"})
-    assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "model.first_order_lr_scale": 3.0, "embedding.dim": 8,
+    assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "model.first_order_lr_scale": 5.0, "embedding.dim": 8,
                       "embedding.init_scale": 0.01}
     assert cfg.train.batch_size == 128 and cfg.embedding.optimizer.kind.value == "rowwise_adagrad"
     # DLRM gets first-order terms below 20,000 rows; a pruned run keeps its dim (its chunks must divide it)

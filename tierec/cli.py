@@ -75,7 +75,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("--resume continues a run and --overwrite starts it over: choose one")
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     cfg = resume_config(run_dir, args.config, _overrides(args)) if args.resume else None
-    if cfg is None:  # a new run: batch size, epochs and embedding optimizer from the data's size, where not given
+    if cfg is None:  # a new run: batch size, epochs, dim and rates from the data's size, where not given
         cfg = _sized(_config(args), given_keys(args.config, _overrides(args)))
     if not args.progress:
         cfg.train.progress = False
@@ -252,7 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train a model (default: DLRM on built-in synthetic Criteo-shaped data)")
+    p = sub.add_parser(
+        "train", help="train a model (default: DLRM on built-in synthetic Criteo-shaped data)",
+        description="Train a model. On a file of fewer than 204,800 training rows, the batch size, epochs, embedding "
+                    "dim and optimizer, dense lr and first-order terms that no --config or --set gives are chosen from "
+                    "the file's size (printed, and written to the run's config.toml; docs/models.md, \"Defaults by data "
+                    "size\"). Every other key, its default and meaning: tierec/config.py.",
+    )
     _add_config_args(p)
     p.add_argument("--run-dir", metavar="DIR", help="where config, metrics, checkpoints and summary go (default runs/<time>)")
     p.add_argument(

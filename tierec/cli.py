@@ -129,10 +129,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _sized(cfg: Config, given: set[str]) -> Config:
     from tierec.train.sizing import estimate_train_rows, size_defaults
 
-    cfg, chosen = size_defaults(cfg, given)
+    rows = estimate_train_rows(cfg)  # once: it reads the file's head (or Parquet's metadata)
+    if rows is None:
+        return cfg
+    cfg, chosen = size_defaults(cfg, given, train_rows=rows)
     if chosen and int(os.environ.get("RANK", "0")) == 0:
         values = ", ".join(f"{k}={v}" for k, v in chosen.items())
-        print(f"about {estimate_train_rows(cfg):,} training rows: {values} (chosen from the data's size; "
+        print(f"about {rows:,} training rows: {values} (chosen from the data's size; "
               "set any of them to override; written to config.toml)")
     return cfg
 

@@ -46,13 +46,12 @@ DEFAULT_SAMPLE_ROWS = 100_000
 _LABEL_NAMES = re.compile(r"^(label|labels|click|clicks|clicked|is_click|target|y|conversion|converted|purchase|purchased)$", re.I)
 _RATING_NAMES = re.compile(r"rating|score|stars", re.I)
 _ID_NAMES = re.compile(r"(^|_)(id|ids|uid|iid|user|users|item|items|movie|product|ad|advertiser|campaign|query|session|userid|itemid)$", re.I)
+# Integer codes, not quantities: Criteo's and Avazu's anonymised C1, C14, ..., and columns named like a kind of thing.
+_CODE_NAMES = re.compile(r"(^|_)(c\d+|type|pos|position|category|code|class|kind|occupation|gender|zip|zipcode|country|city)$", re.I)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # movieId -> movie_Id, ItemID -> Item_ID
-
 _SEPARATORS = ("|", ";", ",")
 _HEX = re.compile(r"^[0-9a-fA-F]{8}$")
 CRITEO_FIELDS = 40
-# Integer codes, not quantities: Criteo's and Avazu's anonymised C1, C14, ..., and columns named like a kind of thing.
-_CODE_NAMES = re.compile(r"(^|_)(c\d+|type|pos|position|category|code|class|kind|occupation|gender|zip|zipcode|country|city)$", re.I)
 KEY_MIN_ROWS = 1_000  # a column with a different value in every one of at least this many rows is a row key
 
 

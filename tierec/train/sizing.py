@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tierec.config import Config, OptimizerKind, from_dict, to_dict
+from tierec.models import model_class
 
 SMALL_ROWS = 20_000  # below: most ids are seen once or twice; a smaller model, Adam from a small init, two epochs
 LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
@@ -59,7 +60,6 @@ STEPS_PER_EPOCH = 100
 MIN_BATCH = 256  # from 20,000 rows on
 SMALL_DIM = 8  # below 20,000 rows: fewer values per id seen once or twice, and less to overfit
 SMALL_DENSE_LR = 0.002
-OPTIONAL_FIRST_ORDER = ("dlrm", "dcnv2")
 SMALL_FIRST_ORDER_LR_SCALE = 5.0  # the biases at 5x the embeddings' Adam lr (1x, 3x and 10x measured worse)
 _SAMPLE_BYTES = 1 << 16
 
@@ -92,17 +92,21 @@ def estimate_train_rows(cfg: Config) -> int | None:
     return max(int(total - held), 0)
 
 
+def _power_of_two_at_most(n: int) -> int:
+    return 1 << max(n.bit_length() - 1, 0)
+
+
 def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     if rows >= LARGE_ROWS:
         return {}
     adam = {"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
     if rows >= SMALL_ROWS:
-        batch = max(1 << max((rows // STEPS_PER_EPOCH).bit_length() - 1, 0), MIN_BATCH)
+        batch = max(_power_of_two_at_most(rows // STEPS_PER_EPOCH), MIN_BATCH)
         return {"train.batch_size": batch, **(adam if rows < ADAM_ROWS else {})}
     # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
-    small = max(min(1 << max((rows // 30).bit_length() - 1, 0), MIN_BATCH), 32)
+    small = max(min(_power_of_two_at_most(rows // 30), MIN_BATCH), 32)
     out: dict[str, Any] = {"train.batch_size": small, "train.epochs": 2, "train.dense_lr": SMALL_DENSE_LR}
-    if cfg.model.name in OPTIONAL_FIRST_ORDER:  # the per-id bias a logistic regression has (DeepFM, W&D: by design)
+    if not model_class(cfg.model.name).first_order_by_design:  # the per-id bias a logistic regression has
         out["model.first_order"] = "on"
     out["model.first_order_lr_scale"] = SMALL_FIRST_ORDER_LR_SCALE
     if not cfg.prune.enabled:  # a pruned run chooses its rows' dims itself (and its chunk must divide them)

@@ -131,7 +131,7 @@ class TierecTrainer(_Trainer):
         self.dense_step = DenseStep(self.model, self.precision, self.compile)
         self.ahead = LookAhead(self.coll) if self.overlap else None
         self._next: CTRBatch | None = None
-        self._features: dict[int, object] = {}  # id(batch) -> its SparseFeatures (the one prepared)
+        self._prepared: tuple[CTRBatch, object] | None = None  # the next batch and its SparseFeatures (the one prepared)
 
     def run(self, batches: list[CTRBatch]) -> None:
         for i, b in enumerate(batches):
@@ -140,8 +140,8 @@ class TierecTrainer(_Trainer):
         self._next = None
 
     def _sparse(self, b: CTRBatch):
-        sp = self._features.pop(id(b), None)
-        return sp if sp is not None else tierec_features(self.w, b.ids)
+        prepared, self._prepared = self._prepared, None
+        return prepared[1] if prepared is not None and prepared[0] is b else tierec_features(self.w, b.ids)
 
     def dense(self, dense: Tensor, emb: Tensor) -> Tensor:
         return self.dense_step(dense, emb, None)
@@ -153,7 +153,7 @@ class TierecTrainer(_Trainer):
         out = self.coll(sp, self.ahead.take(sp))
         if self._next is not None:  # after this forward's inserts, before its dense step
             nxt = tierec_features(self.w, self._next.ids)
-            self._features = {id(self._next): nxt}
+            self._prepared = (self._next, nxt)
             self.ahead.submit(nxt)
         return out
 

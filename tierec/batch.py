@@ -16,7 +16,9 @@ offsets vector over the ``F * B`` bags.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -126,3 +128,21 @@ class Batch:
             SparseFeatures(sp.keys, sp.values.pin_memory(), sp.offsets.pin_memory(), sp.batch_size),
             self.labels.pin_memory(),
         )
+
+
+T = TypeVar("T")
+
+
+def with_next(items: Iterable[T]) -> Iterator[tuple[T, T | None]]:
+    """(item, the one after it or None), drawing each item once: the look-ahead and the distributed overlap
+    prepare the next batch while this one trains.
+
+    >>> list(with_next([1, 2, 3]))
+    [(1, 2), (2, 3), (3, None)]
+    """
+    it = iter(items)
+    cur = next(it, None)
+    while cur is not None:
+        nxt = next(it, None)
+        yield cur, nxt
+        cur = nxt

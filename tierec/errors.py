@@ -22,10 +22,6 @@ class ConfigError(ValueError):
     """A configuration problem, reported as one line to the user."""
 
 
-class RunDirError(ValueError):
-    """A run directory that cannot be read as one (e.g. `tierec report` on a directory without metrics), one line."""
-
-
 class DiskFullError(OSError):
     """A write did not fit on its file system: names the path, the bytes it needed and what was free (one line)."""
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tierec.batch import Batch
+from tierec.batch import Batch, with_next
 from tierec.config import Config
 from tierec.distributed.context import DistContext
 from tierec.distributed.data import loss_scale, slice_batch
@@ -135,12 +135,8 @@ class Job:
         if not (self.distributed and self.cfg.dist.overlap):
             yield from loader
             return
-        it = iter(loader)
-        cur = next(it, None)
-        while cur is not None:
-            self._upcoming = next(it, None)
+        for cur, self._upcoming in with_next(loader):
             yield cur
-            cur = self._upcoming
 
     def local(self, batch: Batch, parts: Any) -> Batch:
         """This process's slice of ``batch`` on the device; starts exchanging the next batch's ids."""

@@ -46,6 +46,7 @@ class Prepared:
     keys: np.ndarray  # [U] int64 unique keys, first-seen order
     tabs: np.ndarray  # [U] int32 their tables (within the group)
     inverse: np.ndarray  # [N] int64 id occurrence -> unique position
+    offsets: np.ndarray  # [F_g * B + 1] int64 the group's bag offsets
     found: np.ndarray | None  # [U] int64 rows known at probe time, -1 absent; None: not probed
 
     def rest(self, group: Any, insert: bool) -> Tensor:

@@ -88,9 +88,10 @@ class EmbeddingCollection(nn.Module):
         dims = set(self.dims)
         if len(dims) != 1:
             raise ValueError(f"forward() needs one dim for all tables, got {sorted(dims)}; use pooled_by_feature()")
+        prepared = ahead is not None and ahead.sparse is sparse  # the caller's object, before any reselection
         if sparse.keys != self.feature_names:
             sparse = select_features(sparse, self.feature_names)
-        parts = ahead.parts if ahead is not None and ahead.sparse is sparse else [None] * len(self.plans)
+        parts = ahead.parts if prepared else [None] * len(self.plans)
         outs = [self._group_forward(plan, sparse, part) for plan, part in zip(self.plans, parts)]  # each [B, F_g, D]
         if len(outs) == 1 and self.plans[0].features == tuple(range(len(self.feature_names))):
             return outs[0]
@@ -118,6 +119,7 @@ class EmbeddingCollection(nn.Module):
         missing are inserted by ``forward``, in the same order, so the rows are the same.
         ``dedupe``: scratch space of the calling thread (two threads must not share one).
         """
+        given = sparse
         if sparse.keys != self.feature_names:
             sparse = select_features(sparse, self.feature_names)
         dd = dedupe if dedupe is not None else self._dedupe
@@ -127,8 +129,8 @@ class EmbeddingCollection(nn.Module):
             split = self._split(plan, off, sparse.batch_size)
             ukeys, utabs, inverse = dd(keys, tabs, None if split is None else off[split * sparse.batch_size])
             find = getattr(plan.group, "find_rows", None)  # optional: storages with a read-only probe
-            parts.append(Prepared(ukeys, utabs, inverse, None if find is None else find(ukeys, utabs)))
-        return Ahead(sparse, parts)
+            parts.append(Prepared(ukeys, utabs, inverse, off, None if find is None else find(ukeys, utabs)))
+        return Ahead(given, parts)
 
     @staticmethod
     def _ids(plan: GroupPlan, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -145,14 +147,15 @@ class EmbeddingCollection(nn.Module):
 
     def _group_forward(self, plan: GroupPlan, sparse: SparseFeatures, ahead: Prepared | None = None) -> Tensor:  # -> [B, F_g, D]
         b = sparse.batch_size
-        keys, tabs, off = self._ids(plan, sparse)
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
-        split = self._split(plan, off, b)
         if ahead is None:
+            keys, tabs, off = self._ids(plan, sparse)
+            split = self._split(plan, off, b)
             ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
             rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
-        else:
-            ukeys, utabs, inverse = ahead.keys, ahead.tabs, ahead.inverse
+        else:  # steps 1 and 2 were prepared (the split is this thread's: it shapes the pooling's threads)
+            off, inverse = ahead.offsets, ahead.inverse
+            split = self._split(plan, off, b)
             rows = ahead.rest(plan.group, self.training)
         layout = BagLayout(
             inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b, feature_split=split

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from tierec.errors import RunDirError
+from tierec.train.rundir import RunDirError
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -70,7 +70,7 @@ SAFE_ON_RESUME = (
 
 
 class RunDirError(ConfigError):
-    """A run directory that may not be used as asked (one line)."""
+    """A run directory that may not be used or read as asked (one line; `tierec report` raises it too)."""
 
 
 # ---------------------------------------------------------------- resume config

@@ -25,13 +25,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from tierec.batch import Batch
+from tierec.batch import Batch, with_next
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
 from tierec.distributed.context import DistContext
@@ -91,16 +91,6 @@ def _prune_postfix(parts: Components) -> dict[str, str]:
         return {}
     pruned, regrown = parts.pruner.counts()
     return {"emb_MB": f"{parts.embedding_bytes() / 2**20:.1f}", "pruned": str(pruned), "regrown": str(regrown)}
-
-
-def with_next(batches: Iterable[Batch]) -> Iterator[tuple[Batch, Batch | None]]:
-    """(batch, the one after it or None): the look-ahead prepares the next batch during this step."""
-    it = iter(batches)
-    cur = next(it, None)
-    while cur is not None:
-        nxt = next(it, None)
-        yield cur, nxt
-        cur = nxt
 
 
 def peak_memory_bytes() -> int:
@@ -212,13 +202,13 @@ class Trainer:
                     pos.batch_in_epoch += 1
                     rate = samples / max(busy, 1e-9)
                     bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{parts.embedding_rows():,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
+                    rows = parts.embedding_rows()
+                    bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{rows:,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
                     if pos.step % record_every == 0 or pos.step == total:
-                        bytes_, rows = parts.embedding_bytes(), parts.embedding_rows()
                         log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_rows": rows,
-                                   "embedding_bytes": bytes_, **store.record(), **self.job.bytes_record()})
+                                   "embedding_bytes": parts.embedding_bytes(), **store.record(), **self.job.bytes_record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), ckpt_dir, pos, eval_split)
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience

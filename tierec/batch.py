@@ -23,6 +23,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from tierec.device import copy_to
+
 
 @dataclass(frozen=True)
 class JaggedIds:
@@ -119,15 +121,16 @@ class Batch:
         return int(self.labels.shape[0])
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.dense.to(device), self.sparse.to(device), self.labels.to(device))
+        """Dense features and labels on ``device``; the ids stay on the host (tierec.device): the index,
+        the dedupe and the tiers are host code, so ``sparse`` of a batch for a GPU model is on the host."""
+        dev = torch.device(device)
+        if self.dense.device == dev and self.labels.device == dev:
+            return self
+        return Batch(copy_to(self.dense, dev), self.sparse, copy_to(self.labels, dev))
 
     def pin_memory(self) -> Batch:
-        sp = self.sparse
-        return Batch(
-            self.dense.pin_memory(),
-            SparseFeatures(sp.keys, sp.values.pin_memory(), sp.offsets.pin_memory(), sp.batch_size),
-            self.labels.pin_memory(),
-        )
+        """Dense features and labels in page-locked memory (what :meth:`to` copies to a GPU); ids stay as they are."""
+        return Batch(self.dense.pin_memory(), self.sparse, self.labels.pin_memory())
 
 
 T = TypeVar("T")

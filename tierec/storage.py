@@ -3,7 +3,11 @@
 - row layout: whole rows (``TableGroup``), or chunked rows that pruning shortens
   (``PrunedGroup``) when ``prune`` is given;
 - placement: memory, or the tiers (fast cache / host DRAM / disk) when the
-  :class:`~tierec.store.plan.StorePlan` tiers the group's tables.
+  :class:`~tierec.store.plan.StorePlan` tiers the group's tables. With a GPU model
+  (``train.device = "cuda"``) whole rows live in GPU memory: a plain group all of
+  them, a tiered group its fast tier (host DRAM and disk below it, BiPS's bi-tier
+  placement); chunked rows stay in host memory and their pooled output crosses
+  to the GPU (``tierec.device``).
 
 Whole rows in the tiers are a ``TieredGroup``; chunked rows in the tiers are a
 ``PrunedGroup`` over a ``TieredChunkPool``. Every result implements
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from tierec.config import PruneConfig
+from tierec.device import storage_device
 from tierec.embedding.group import TableGroup
 from tierec.embedding.storage import RowStorage, StorageFactory
 from tierec.embedding.table import TableConfig
@@ -53,6 +58,7 @@ def storage_factory(plan: StorePlan, prune: PruneConfig | None = None) -> Storag
             dim_state = PrunedGroup.dim_state_of(tables[0].optimizer, tables[0].dim)
             kind = tables[0].optimizer.kind
             pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), kind, seed=seed, name=chunk_store_name(tables))
-        return PrunedGroup(tables, prune, seed=seed, device=device, pool=pool)
+        # chunked rows stay in host memory; the collection moves their pooled output to the model's device
+        return PrunedGroup(tables, prune, seed=seed, device=storage_device(device, device_rows=False), pool=pool)
 
     return make

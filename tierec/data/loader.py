@@ -107,17 +107,21 @@ class BackgroundLoader:
     (e.g. after a ``break``), so no thread outlives it.
     """
 
-    def __init__(self, source: BatchSource, depth: int = 4) -> None:
+    def __init__(self, source: BatchSource, depth: int = 4, *, pin: bool = False) -> None:
+        """``pin``: the thread also puts each batch's dense features and labels in page-locked memory, so
+        that the step's copy to a GPU does not block (``train.device = "cuda"``)."""
         if depth < 1:
             raise ValueError(f"BackgroundLoader depth must be >= 1, got {depth}")
         self.source = source
         self.depth = depth
+        self.pin = pin
         # Weak: an abandoned pass must stay collectable, so that dropping it stops its thread.
         self._passes: weakref.WeakSet[Generator[Batch, None, None]] = weakref.WeakSet()
 
     def __iter__(self) -> Iterator[Batch]:
         source = self.source  # the producer thread must not reference the loader (and through it the pass)
-        gen = prefetch(lambda: iter(source), self.depth, name="tierec-loader")
+        make = (lambda: (b.pin_memory() for b in source)) if self.pin else (lambda: iter(source))
+        gen = prefetch(make, self.depth, name="tierec-loader")
         self._passes.add(gen)
         return gen
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
+from tierec.device import to_device
 from tierec.embedding.ahead import Ahead, Prepared
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
@@ -48,8 +49,10 @@ class EmbeddingCollection(nn.Module):
         group_factory: Callable[[list[TableConfig], int, torch.device | str], TableGroup] | None = None,
     ) -> None:
         """``group_factory(tables, seed, device)`` builds each physical store (tiered,
-        pruned, ...); the default is the plain in-memory TableGroup."""
+        pruned, ...); the default is the plain in-memory TableGroup. ``device`` is the model's:
+        pooled embeddings come out there, whichever memory a storage keeps its rows in."""
         super().__init__()
+        self.device = torch.device(device)
         self.feature_names = tuple(feature_names)
         self.tables = tables
         owner = {}
@@ -161,7 +164,8 @@ class EmbeddingCollection(nn.Module):
             inverse=inverse, offsets=off, scale=bag_scale(off, plan.mean, b), batch=b, feature_split=split
         )
         train = self.training and torch.is_grad_enabled()
-        return plan.group.pool(rows.numpy(), layout, train=train, anchor=self._anchor, fused=self.use_fused_kernels)
+        pooled = plan.group.pool(rows.numpy(), layout, train=train, anchor=self._anchor, fused=self.use_fused_kernels)
+        return to_device(pooled, self.device)  # rows in host memory (chunks), model on a GPU: the seam
 
     # --------------------------------------------------------------- reports
 

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tierec.device import copy_to
 from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import new_state, state_shapes
 from tierec.embedding.table import TableConfig
@@ -411,7 +412,7 @@ class TieredGroup(Policies, TierState, TableGroup):
                 _scatter_cols(arr, slots, rec, col)
             return
         idx = torch.from_numpy(slots).to(self.device)
-        rec = torch.from_numpy(np.ascontiguousarray(records)).to(self.device)
+        rec = copy_to(torch.from_numpy(np.ascontiguousarray(records)), self.device)  # through pinned memory
         self.weights.index_copy_(0, idx, rec[:, : self.dim].contiguous())
         col = self.dim
         for name, s in self.state.items():

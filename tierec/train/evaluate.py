@@ -26,6 +26,7 @@ import torch
 
 from tierec.config import Config, DataConfig
 from tierec.data import BackgroundLoader, BatchSource, DataError, open_source, prefetch
+from tierec.device import is_host
 from tierec.data.blocks import to_batch
 from tierec.data.keys import read_key_columns
 from tierec.train.components import Components
@@ -37,7 +38,7 @@ def _scores(cfg: Config, parts: Components, source: BatchSource, max_batches: in
     was_training = parts.model.training
     parts.train(False)
     try:
-        with torch.no_grad(), BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
+        with torch.no_grad(), BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
             for i, batch in enumerate(loader):
                 if max_batches and i >= max_batches:
                     break

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from tierec.batch import Batch, with_next
 from tierec.config import Config, to_dict
 from tierec.data import BackgroundLoader, open_source
+from tierec.device import is_host
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.embedding.ahead import LookAhead
@@ -185,7 +186,7 @@ class Trainer:
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
-            with BackgroundLoader(source, depth=cfg.data.prefetch_batches) as loader:
+            with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
                 stream = self._batches(store.wrap(loader))  # look-ahead after the prefetch thread: same order on every rank
                 # only the look-ahead draws a batch before the step ahead of it is done
                 for batch, nxt in with_next(stream) if ahead is not None else ((b, None) for b in stream):

@@ -21,12 +21,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 $PY -c "import torch, tomli_w; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 2
 
 start=$(date +%s)
-timeout 300 $PY -m pytest -m cuda tests/cuda -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.log"
+timeout 240 $PY -m pytest -m cuda tests/cuda -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.log"
 tests=${PIPESTATUS[0]}
 echo "cuda tests: exit $tests in $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
-timeout 300 $PY -m benchmarks.gpu_check --out "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$OUT/gpu_check.log"
+timeout 240 $PY -m benchmarks.gpu_check --out "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$OUT/gpu_check.log"
 bench=${PIPESTATUS[0]}
 echo "benchmarks.gpu_check: exit $bench in $(( $(date +%s) - start )) s"
 exit $(( tests != 0 ? tests : bench ))

@@ -29,6 +29,7 @@ FEATURES = [f"f{i}" for i in range(4)]
 STORAGES = {
     "plain": [],
     "tiered": ["store.enabled=true", "store.cache_size=1MiB", "store.host_size=512KiB"],
+    "tiered+prefetch": ["store.enabled=true", "store.cache_size=1MiB", "store.host_size=512KiB", "store.prefetch=true"],
     "pruned": ["prune.enabled=true", "prune.every=4", "prune.target_ratio=2", "prune.start_step=4"],
     "tiered+pruned": ["store.enabled=true", "store.cache_size=1MiB", "store.host_size=512KiB",
                       "prune.enabled=true", "prune.every=4", "prune.target_ratio=2", "prune.start_step=4"],
@@ -105,7 +106,7 @@ def _fit(device: str, overrides: list[str], run_dir) -> dict:
     return Trainer(cfg, run_dir, echo=lambda _: None).fit()
 
 
-@pytest.mark.parametrize("name", ["plain", "tiered", "pruned", "tiered+pruned"])
+@pytest.mark.parametrize("name", ["plain", "tiered", "tiered+prefetch", "pruned", "tiered+pruned"])
 def test_training_on_the_gpu_equals_the_cpu(name, tmp_path) -> None:
     runs = {dev: _fit(dev, _overrides(name, tmp_path / dev), tmp_path / f"run-{dev}") for dev in ("cpu", "cuda")}
     assert runs["cuda"]["steps"] == runs["cpu"]["steps"] == 16

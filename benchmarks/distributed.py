@@ -155,6 +155,7 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     from tierec.config import load_config
     from tierec.data import open_source
     from tierec.distributed.parallelize import sharded_collections
+    from tierec.train.pipeline import TrainPipeline
     from tierec.train.trainer import Trainer
 
     counter = WireCounter().install()
@@ -170,21 +171,20 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     trainer = Trainer(cfg, run, ctx=ctx)
     parts = trainer._build(source)
     colls = sharded_collections(parts)
+    pipe = TrainPipeline(parts, trainer.job, cfg)
     times, cpu = [], []
     for i in range(a["warmup"] + a["steps"]):
         if i == a["warmup"]:
             for c in colls:
                 c.traffic.reset()
             counter.reset()
-        trainer.job._upcoming = batches[i + 1] if cfg.dist.overlap else None  # what job.batches() would look ahead to
         if ctx.is_distributed:
             dist.barrier(group=ctx.dense_group)  # each step timed from a common start
         t0, c0 = time.perf_counter(), time.process_time()
-        trainer._step(parts, batches[i])
+        pipe.step(batches[i], batches[i + 1])  # with dist.overlap the next batch's ids go out during this step
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    if ctx.is_distributed:
-        trainer.close()
+    pipe.close()
     steps = a["steps"]
     kinds: dict[str, float] = {}
     exposed = 0.0

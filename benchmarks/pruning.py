@@ -151,6 +151,7 @@ def step_throughput(data: str, budget: int, steps: int, rounds: int, log) -> dic
 
     from tierec.data import open_source
     from tierec.train.components import Components
+    from tierec.train.pipeline import TrainPipeline
 
     cfgs = {
         "off": load_config(None, overrides(data, "none", 1, 0)),
@@ -161,13 +162,14 @@ def step_throughput(data: str, budget: int, steps: int, rounds: int, log) -> dic
     tmp = Path(tempfile.mkdtemp(prefix="tierec_tp_"))
     runners = {k: Trainer(c, tmp / k, echo=lambda _: None) for k, c in cfgs.items()}
     parts = {k: Components.build(c, src.feature_names, src.n_dense) for k, c in cfgs.items()}
+    pipes = {k: TrainPipeline(parts[k], runners[k].job, c) for k, c in cfgs.items()}
     done = {k: 0 for k in cfgs}
 
     def train(k: str, batches: list) -> tuple[float, float]:
-        p, t = parts[k], runners[k]
+        p, pipe = parts[k], pipes[k]
         c0, w0 = time.process_time(), time.perf_counter()
         for b in batches:
-            t._step(p, b)
+            pipe.step(b)
             done[k] += 1
             if p.pruner is not None and p.pruner.due(done[k]):
                 p.pruner.step()

@@ -3,8 +3,7 @@
 The loop (tierec/train/trainer.py) is the same for any number of processes; it
 delegates to one ``Job`` the few things that depend on it: building the
 components (:func:`~tierec.distributed.parallelize.parallelize` on several
-processes), this process's slice of a global batch (and starting the next
-batch's id exchange), the loss scale and the job's mean loss, evaluation (each
+processes), this process's slice of a global batch, the loss scale and the job's mean loss, evaluation (each
 process scores its slice), footprints summed over the job, the bytes each rank
 sends inside its group and across groups, and the heartbeat that names a lost
 rank. With one process every piece is the plain one.
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tierec.batch import Batch, with_next
+from tierec.batch import Batch
 from tierec.config import Config
 from tierec.distributed.context import DistContext
 from tierec.distributed.data import loss_scale, slice_batch
@@ -47,8 +46,6 @@ class Job:
         self.cfg = cfg
         self.ctx = ctx if ctx is not None else DistContext.single(cfg.train.device)
         self.is_main = self.ctx.is_main
-        self._next: tuple[Batch, Batch] | None = None  # (global, local) batch whose ids are prefetched
-        self._upcoming: Batch | None = None  # the global batch after the current one
         self.steps_run = 0
         self._fail_at = _fail_step(self.ctx.rank) if self.ctx.is_distributed else None
         self._parts: Any = None
@@ -130,31 +127,15 @@ class Job:
 
     # ------------------------------------------------------------ the step
 
-    def batches(self, loader: Any) -> Iterator[Batch]:
-        """The loader's global batches; with ``dist.overlap`` looking one ahead so its ids can be sent early."""
-        if not (self.distributed and self.cfg.dist.overlap):
-            yield from loader
-            return
-        for cur, self._upcoming in with_next(loader):
-            yield cur
-
-    def local(self, batch: Batch, parts: Any) -> Batch:
-        """This process's slice of ``batch`` on the device; starts exchanging the next batch's ids."""
+    def count_step(self) -> None:
+        """A training step starts (every rank): counted, so a fault test's planned crash comes at its step."""
         if self._fail_at is not None and self.steps_run + 1 == self._fail_at:
             os._exit(3)  # a crash, as abrupt as a killed process: no cleanup, no goodbye
         self.steps_run += 1
-        ctx, device = self.ctx, self.cfg.train.device
-        if self._next is not None and self._next[0] is batch:
-            local = self._next[1]
-        else:
-            local = slice_batch(batch, ctx.world_size, ctx.rank).to(device)
-        self._next = None
-        if self._upcoming is not None:
-            nxt = slice_batch(self._upcoming, ctx.world_size, ctx.rank).to(device)
-            self._next = (self._upcoming, nxt)
-            for coll in sharded_collections(parts):
-                coll.prefetch(nxt.sparse)
-        return local
+
+    def local(self, batch: Batch) -> Batch:
+        """This process's slice of the global ``batch``, its dense values on the device (ids on the host)."""
+        return slice_batch(batch, self.ctx.world_size, self.ctx.rank).to(self.cfg.train.device)
 
     def loss_scale(self, batch: Batch) -> float:
         """Multiply the slice's summed loss by this (1/B on one process: the batch mean)."""
@@ -245,12 +226,6 @@ class Job:
         """After ``save_checkpoint`` on the writers: on a mesh every replica waits until it is published."""
         if self.mesh is not None:
             self.ctx.barrier()
-
-    def close(self) -> None:
-        """Wait out id exchanges that no forward will use (before leaving the job)."""
-        if self._parts is not None:
-            for coll in sharded_collections(self._parts):
-                coll.close()
 
 
 class ByteMeter:

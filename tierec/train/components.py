@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
-from tierec.embedding.ahead import LookAhead
+from tierec.embedding.ahead import Ahead
 from tierec.models import CTRModel, build_model, has_first_order
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
@@ -76,16 +76,18 @@ class Components:
         step = DenseStep(model, cfg.train.precision, cfg.train.compile)
         return Components(emb, wide, model, _dense_optimizer(cfg, model), pruner, dense_step=step)
 
-    def forward(self, batch: Batch, ahead: LookAhead | None = None, next_batch: Batch | None = None) -> Tensor:  # -> logits [B]
-        """``ahead``: takes this batch's prepared ids, and once the embedding forward has inserted
-        its ids, starts preparing ``next_batch``'s while the rest of the step runs."""
-        if ahead is None:
-            emb = self.embeddings(batch.sparse)  # [B, F, D]
-        else:
-            emb = self.embeddings(batch.sparse, ahead.take(batch.sparse))
-            if next_batch is not None:
-                ahead.submit(next_batch.sparse)
-        wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None  # [B, F]
+    def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
+        return self.dense(batch, *self.embed(batch))
+
+    def embed(self, batch: Batch, prepared: Ahead | None = None) -> tuple[Tensor, Tensor | None]:
+        """Pooled embeddings ``[B, F, D]`` and first-order terms ``[B, F]`` (or None) on the model's device;
+        ``prepared``: this batch's dedupe and probe, done ahead (the pipeline's stage 2)."""
+        emb = self.embeddings(batch.sparse) if prepared is None else self.embeddings(batch.sparse, prepared)
+        wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None
+        return emb, wide
+
+    def dense(self, batch: Batch, emb: Tensor, wide: Tensor | None) -> Tensor:  # -> logits [B]
+        """The dense model on the batch's dense features and its embeddings, in the run's precision."""
         if self.dense_step is None:
             dense = self.ddp if self.ddp is not None else self.model
             return dense(batch.dense, emb, wide)

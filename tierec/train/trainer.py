@@ -23,6 +23,7 @@ import math
 import resource
 import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,13 +32,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from tierec.batch import Batch, with_next
 from tierec.config import Config, to_dict
-from tierec.data import BackgroundLoader, open_source
-from tierec.device import is_host
+from tierec.data import open_source
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
-from tierec.embedding.ahead import LookAhead
 from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
@@ -45,6 +43,7 @@ from tierec.train.components import Components
 from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
+from tierec.train.pipeline import TrainPipeline
 from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
@@ -129,6 +128,7 @@ class Trainer:
         self.echo = echo if self.is_main else quiet
         self._validated_at = -1  # step of the latest validation
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
+        self._pipe: TrainPipeline | None = None
 
     # ------------------------------------------------------------------ fit
 
@@ -137,7 +137,9 @@ class Trainer:
             return self._fit()
 
     def close(self) -> None:
-        self.job.close()
+        """After a run that stopped early (an interrupt): the pipeline's stages and pending id exchanges end."""
+        if self._pipe is not None:
+            self._pipe.close()
 
     def _fit(self) -> dict[str, Any]:
         self.cfg = cfg = with_validation(self.cfg)
@@ -181,23 +183,20 @@ class Trainer:
         samples, busy, last_loss = 0, 0.0, float("nan")
         eval_split = "validation" if has_validation(cfg.data) else "test"
         done = pos.step >= total
-        # One process, no tiers (their prefetch pipeline pins each batch's rows as it is drawn)
-        ahead = LookAhead(parts.embeddings) if cfg.train.look_ahead and not self.job.distributed and not cfg.store.enabled else None
+        self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
             source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
-            with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
-                stream = self._batches(store.wrap(loader))  # look-ahead after the prefetch thread: same order on every rank
-                # only the look-ahead draws a batch before the step ahead of it is done
-                for batch, nxt in with_next(stream) if ahead is not None else ((b, None) for b in stream):
+            with closing(pipe.run(source)) as steps:
+                for step in steps:
                     t0 = time.perf_counter()
-                    last_loss = self._step(parts, batch, ahead, nxt)
+                    batch, last_loss = step.batch, step.loss
                     self._check_loss(last_loss, pos, ckpt_dir)
                     pruning = parts.pruner is not None and parts.pruner.due(pos.step + 1)
                     if pruning:
                         self.job.settle()  # on a mesh in average mode a pruning step is a sync point
                         parts.pruner.step()  # its cost counts in the throughput
-                    busy += time.perf_counter() - t0
+                    busy += step.seconds + time.perf_counter() - t0
                     samples += batch.size
                     pos.step += 1
                     pos.batch_in_epoch += 1
@@ -226,9 +225,7 @@ class Trainer:
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
         bar.close()
-        store.close()
-        if ahead is not None:
-            ahead.close()
+        pipe.close()
         if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
             self.job.settle()
             parts.pruner.step()  # the evaluated and saved model meets the budget too
@@ -305,23 +302,8 @@ class Trainer:
             self.echo(self.job.layout())
         return parts
 
-    def _batches(self, loader: BackgroundLoader):
-        return self.job.batches(loader)
-
     def _footprint(self, parts: Components) -> dict[str, int]:
         return self.job.footprint(parts)
-
-    def _step(self, parts: Components, batch: Batch, ahead: LookAhead | None = None, nxt: Batch | None = None) -> float:
-        parts.train(True)
-        local = self.job.local(batch, parts)  # this process's slice (the batch itself on one process)
-        logits = parts.forward(local, ahead, nxt)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
-        parts.optimizer.zero_grad(set_to_none=True)
-        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
-        (loss_sum * self.job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
-        parts.optimizer.step()
-        self.job.after_step()  # on a mesh: the cross-group averaging that is due
-        return self.job.mean_loss(loss_sum, batch)
 
     def _log_prune(self, parts: Components, log: MetricsLog, pos: Position, bar: tqdm | None) -> None:
         """A "prune" metrics record, and one progress line: bytes, chunks pruned / regrown, rows per dim."""

@@ -1,0 +1,150 @@
+"""TrainPipeline: the one place that decides what runs ahead of the training step, on which thread, how far.
+
+For batch ``t`` the stages are:
+
+1. **load and decode**: the loader thread (``data.prefetch_batches`` ahead); for a
+   GPU model it also pins each batch's dense features and labels;
+2. **dedupe and index probe** of batch ``t + 1`` (plain storage with
+   ``train.look_ahead``): a thread of its own, started once batch ``t``'s
+   embedding forward has inserted its ids (:class:`~tierec.embedding.ahead.LookAhead`);
+3. **bring up** the rows of batches ``t + 1 .. t + k`` from host and disk into
+   the fast tier (tiered storage with ``store.prefetch``: the store's stage,
+   ``k = store.prefetch_depth``), or send batch ``t + 1``'s ids to their owner
+   ranks (several processes with ``dist.overlap``);
+4. **forward, backward and fused update** of batch ``t`` on the caller's thread
+   (:meth:`TrainPipeline.step`);
+5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
+
+No stage changes a number: each only moves work earlier, and the step is the
+sequential step (tests/train/test_pipeline.py, tests/embedding/test_ahead.py,
+tests/store/, tests/distributed/). The trainer calls :meth:`run` once per
+epoch; benchmarks call :meth:`step` on batches they hold.
+
+>>> import tempfile
+>>> from tierec.config import load_config
+>>> from tierec.data import open_source
+>>> from tierec.distributed.job import Job
+>>> from tierec.train.components import Components
+>>> from tierec.train.pipeline import TrainPipeline
+>>> cfg = load_config(None, ["data.synthetic.train_rows=2048", "train.batch_size=1024", "embedding.dim=4"])
+>>> source = open_source(cfg.data, "train", 1024)
+>>> job = Job(cfg)
+>>> parts = Components.build(cfg, source.feature_names, source.n_dense)
+>>> with TrainPipeline(parts, job, cfg) as pipe:
+...     [s.batch.size for s in pipe.run(source)]
+[1024, 1024]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn.functional as F
+
+from tierec.batch import Batch, with_next
+from tierec.config import Config
+from tierec.data import BackgroundLoader
+from tierec.device import is_host
+from tierec.distributed.parallelize import sharded_collections
+from tierec.embedding.ahead import LookAhead
+from tierec.store.monitor import StoreMonitor
+from tierec.train.components import Components
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step done: the global batch, its mean loss, and the seconds the step took (stage 4,
+    with whatever it waited for the stages ahead of it; not the wait for the loader)."""
+
+    batch: Batch
+    loss: float
+    seconds: float
+
+
+class TrainPipeline:
+    def __init__(self, parts: Components, job: Any, cfg: Config, store: StoreMonitor | None = None) -> None:
+        """``job``: the processes the step runs on (:class:`tierec.distributed.job.Job`); ``store``: the
+        tiered stores' monitor, whose prefetch stage is stage 3 (built from ``cfg.store`` when not given)."""
+        self.parts = parts
+        self.job = job
+        self.cfg = cfg
+        self.store = store if store is not None else StoreMonitor.for_components(parts, cfg.store)
+        # stage 2: plain storage only (the tiers' stage 3 pins rows as it brings them up; the sharded
+        # collection's stage 3 sends the ids, which the probe would race)
+        plain = not job.distributed and not cfg.store.enabled
+        self.ahead = LookAhead(parts.embeddings) if cfg.train.look_ahead and plain else None
+        # stage 3 on several processes: the next batch's ids go out while this batch computes
+        self.exchange = sharded_collections(parts) if job.distributed and cfg.dist.overlap else []
+        self._next: tuple[Batch, Batch] | None = None  # (global, this rank's slice) whose ids were sent ahead
+
+    # ------------------------------------------------------------ the stream
+
+    def run(self, source: Iterable[Batch]) -> Iterator[Step]:
+        """One pass over ``source``: each batch trained, in order (stages 1-5)."""
+        cfg = self.cfg
+        with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
+            stream = self.store.wrap(loader)  # stage 3 of the tiers; the look-ahead after it: same order on every rank
+            try:
+                pairs = with_next(stream) if self.ahead is not None or self.exchange else ((b, None) for b in stream)
+                for batch, nxt in pairs:
+                    t0 = time.perf_counter()
+                    loss = self.step(batch, nxt)
+                    yield Step(batch, loss, time.perf_counter() - t0)
+            finally:
+                self.store.close()  # the store's stage stops before the loader under it is closed
+
+    # ------------------------------------------------------------ stage 4
+
+    def step(self, batch: Batch, nxt: Batch | None = None) -> float:
+        """Forward, backward and update of the global ``batch``; starts stages 2 and 3 for ``nxt`` (the batch
+        after it, or None). Returns the global batch's mean loss."""
+        parts, job = self.parts, self.job
+        parts.train(True)
+        local = self._local(batch)  # this process's slice on the model's device
+        if nxt is not None and self.exchange:  # stage 3: the next batch's ids go to their owners now
+            upcoming = job.local(nxt)
+            self._next = (nxt, upcoming)
+            for coll in self.exchange:
+                coll.prefetch(upcoming.sparse)
+        prepared = self.ahead.take(local.sparse) if self.ahead is not None else None
+        emb, wide = parts.embed(local, prepared)
+        if self.ahead is not None and nxt is not None:  # stage 2: this batch's ids are in; probe the next one's
+            self.ahead.submit(nxt.sparse)
+        logits = parts.dense(local, emb, wide)
+        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
+        parts.optimizer.zero_grad(set_to_none=True)
+        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
+        (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
+        parts.optimizer.step()
+        job.after_step()  # on a mesh: the cross-group averaging that is due
+        return job.mean_loss(loss_sum, batch)
+
+    def _local(self, batch: Batch) -> Batch:
+        job = self.job
+        job.count_step()  # (a fault test's planned crash happens here)
+        if self._next is not None and self._next[0] is batch:
+            local = self._next[1]
+        else:
+            local = job.local(batch)
+        self._next = None
+        return local
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the stages still running (a loop that broke out early): the store's, the look-ahead's; and
+        wait out id exchanges that no step will use."""
+        self.store.close()
+        if self.ahead is not None:
+            self.ahead.close()
+        for coll in self.exchange:
+            coll.close()
+
+    def __enter__(self) -> TrainPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

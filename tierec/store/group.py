@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tierec.device import copy_to
+from tierec.device import CopyStream, copy_to
 from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import new_state, state_shapes
 from tierec.embedding.table import TableConfig
@@ -131,6 +131,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
         self._lock = threading.RLock()
+        self._copies = CopyStream(self.device)  # the prefetch's copies on a GPU: a stream of their own
         # seconds: in lookup (main thread), of which waiting for the lock (held by a prefetch), in prefetch
         self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
 
@@ -208,9 +209,10 @@ class TieredGroup(Policies, TierState, TableGroup):
         missing = missing[: max(room, 0)]
         if missing.size == 0:
             return 0
-        slots = self._take_slots(missing.size, steal=False, best_effort=True)
-        missing = missing[: slots.size]
-        self._bring_up(missing, slots)
+        with self._copies.ahead():  # write-back of evicted rows and the bring-up, beside the step's kernels
+            slots = self._take_slots(missing.size, steal=False, best_effort=True)
+            missing = missing[: slots.size]
+            self._bring_up(missing, slots)
         self.pin[slots] = PREFETCHED
         self._count(Counter.PREFETCHED, self.index.tabs[missing])
         return int(missing.size)

@@ -392,9 +392,9 @@ class Trainer:
         ctx = self.job.shard_ctx  # on a mesh: the rank's group (each replica loads every row)
         if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
             return restore_sharded(ckpt, ctx, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
-        loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
-        restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
-        return loaded.meta
+        with Checkpoint(ckpt) as loaded:  # saved on any number of processes; rows read a chunk at a time
+            restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
+            return loaded.meta
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
         if not checkpoint_dirs(ckpt_dir):

@@ -66,7 +66,7 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tierec.train.rundir import check_run_dir, claim_run_dir, resume_config
+    from tierec.train.rundir import check_run_dir, claim_run_dir, files_written, resume_config
     from tierec.train.stopping import GracefulStop
     from tierec.train.trainer import Trainer
 
@@ -81,7 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.progress:
         cfg.train.progress = False
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
-        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
+        # before anything is written: no file it will write is a link or a file of the user's
+        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, writes=files_written(cfg))
     preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.train.launch import run_train

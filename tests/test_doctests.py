@@ -19,7 +19,8 @@ STORE = [
     "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers",
 ]  # fmt: skip
 
-CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch"]
+CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
+        "tierec.train.readlock", "tierec.train.integrity"]
 
 
 @pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
@@ -65,7 +66,7 @@ def _human_bytes(n: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tierec.train.rundir import check_run_dir, claim_run_dir, resume_config
+    from tierec.train.rundir import check_run_dir, claim_run_dir, files_written, resume_config
     from tierec.train.stopping import GracefulStop
     from tierec.train.trainer import Trainer
 
@@ -80,7 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.progress:
         cfg.train.progress = False
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
-        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
+        # before anything is written: no file it will write is a link or a file of the user's
+        check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, writes=files_written(cfg))
     preflight(cfg)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.train.launch import run_train
@@ -181,22 +183,23 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     from tierec.train.state import restore_checkpoint, restore_state
 
     ckpt = resolve_checkpoint(checkpoint) or find_checkpoint(checkpoint)  # the latter raises the one-line error
-    if is_sharded(ckpt):  # the previous sharded format, read whole
-        loaded, (tensors, meta) = None, load_any(ckpt)
-    else:  # saved on any number of processes; rows are read a chunk at a time
-        loaded = Checkpoint(ckpt)
-        meta = loaded.meta
-    cfg_dict = meta["config"]
-    for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
-        apply_override(cfg_dict, o)
-    cfg: Config = from_dict(Config, cfg_dict)
-    preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
-    probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
-    parts = Components.build(cfg, probe.feature_names, probe.n_dense)
-    if loaded is None:
-        restore_state(parts, tensors, meta["state"])
-    else:
-        restore_checkpoint(parts, loaded)
+    with ExitStack() as held:
+        if is_sharded(ckpt):  # the previous sharded format, read whole
+            loaded, (tensors, meta) = None, load_any(ckpt)
+        else:  # saved on any number of processes; rows are read a chunk at a time, the checkpoint held meanwhile
+            loaded = held.enter_context(Checkpoint(checkpoint))  # a run's newest, picked again if pruned meanwhile
+            meta = loaded.meta
+        cfg_dict = meta["config"]
+        for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
+            apply_override(cfg_dict, o)
+        cfg: Config = from_dict(Config, cfg_dict)
+        preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
+        probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
+        parts = Components.build(cfg, probe.feature_names, probe.n_dense)
+        if loaded is None:
+            restore_state(parts, tensors, meta["state"])
+        else:
+            restore_checkpoint(parts, loaded)
     return cfg, parts
 
 

@@ -4,14 +4,20 @@ tierec deletes or overwrites only files it wrote itself, inside its own
 directory, recognised by name and by the manifest that lists them. A name read
 from a manifest (a shard, a checkpoint file) must be a plain relative name:
 absolute paths, ``..`` and hidden names are rejected, so a crafted manifest can
-neither delete nor load a foreign file. An output never aliases an input.
+neither delete nor load a foreign file; ``member_path`` also refuses a name
+that is a symbolic link or passes through one. An output never aliases an input.
 
 >>> safe_member("train-00000.arrow", "m.json")
 'train-00000.arrow'
 >>> safe_member("../x.arrow", "m.json")
 Traceback (most recent call last):
 ...
-tierec.config.ConfigError: m.json: refuses file name '../x.arrow' (a manifest may only name files inside its own directory)
+tierec.errors.ConfigError: m.json: refuses file name '../x.arrow' (a manifest may only name files inside its own directory)
+>>> import tempfile; d = Path(tempfile.mkdtemp()); os.symlink("/etc/hostname", d / "link")
+>>> member_path(d, "link", "meta.json")
+Traceback (most recent call last):
+...
+tierec.errors.ConfigError: meta.json: refuses 'link': a symbolic link, or a name leading out of its directory (tierec reads only plain files inside it)
 >>> overlaps("/data/a.txt", "/data/a.txt"), overlaps("/data/shards/t-0.arrow", "/data/shards"), overlaps("/a/b", "/a/c")
 (True, True, False)
 """
@@ -42,6 +48,17 @@ def safe_member(name: object, where: str) -> str:
             f"{where}: refuses file name {quote(name)} (a manifest may only name files inside its own directory)"
         )
     return name
+
+
+def member_path(base: str | Path, name: object, where: str) -> Path:
+    """``base/name`` for a name ``safe_member`` accepts that is no symbolic link, nor passes through one,
+    so it resolves inside ``base`` (one-line ConfigError otherwise). The name need not exist."""
+    name = safe_member(name, where)
+    path = Path(base) / name
+    if os.path.realpath(path) != os.path.join(os.path.realpath(base), *name.split("/")):
+        raise ConfigError(f"{where}: refuses {quote(name)}: a symbolic link, or a name leading out of its "
+                          "directory (tierec reads only plain files inside it)")
+    return path
 
 
 def _resolved(p: str | Path) -> Path:

@@ -25,6 +25,7 @@ from tierec.train.checkpoint import (
     save_checkpoint,
     unflatten_state,
 )
+from tierec.train.integrity import write_checksums
 
 
 def small_state(value: float) -> dict[str, torch.Tensor]:
@@ -143,7 +144,9 @@ def test_clear_errors(tmp_path: Path) -> None:
     one_line_error(good, "corrupt.*bytes")
     (good / "tensors.safetensors").write_bytes(b"\xff" * len(data))  # same size, garbage
     one_line_error(good, "corrupt: tensors.safetensors does not match its checksum")
-    (good / "checksums.json").unlink()  # a checkpoint from before checksums: the reader still says it
+    (good / "checksums.json").unlink()  # deleting the record does not switch the check off
+    one_line_error(good, "corrupt: checksums.json is missing")
+    write_checksums(good)  # a record of the garbage: the reader still says it
     one_line_error(good, "corrupt: cannot read")
     (good / "tensors.safetensors").unlink()
     one_line_error(good, "tensors.safetensors is missing")

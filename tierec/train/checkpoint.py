@@ -25,6 +25,14 @@ directory are fsynced, then it is renamed into place, and only then is
 point leaves the previous checkpoint and ``latest`` intact. One process
 publishes (rank 0).
 
+Reading refuses links: a step directory, or a file in it, that is a symbolic
+link is a one-line CheckpointError (every member must resolve inside its
+checkpoint directory). A reader holds a shared lock on the checkpoint it reads
+(:mod:`tierec.train.readlock`): pruning skips a checkpoint being read (a later
+save prunes it), and a reader that picked a run's latest checkpoint just as it
+was pruned picks the newest again, so a complete checkpoint is never reported
+broken because a running training moved it.
+
 Nested state (a module or optimizer ``state_dict``, RNG states) becomes the flat
 tensor dict plus a JSON "skeleton" with ``flatten_state`` and comes back with
 ``unflatten_state``:
@@ -68,9 +76,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from tierec.errors import naming_disk_full
-from tierec.paths import quote
+from tierec.errors import ConfigError, naming_disk_full
+from tierec.paths import member_path, quote
 from tierec.train.integrity import verify_checksums, write_checksums
+from tierec.train.readlock import DirHold, LinkedDirError, exclusive, hold_shared
 
 if TYPE_CHECKING:
     from tierec.distributed.context import DistContext
@@ -86,6 +95,8 @@ _DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what meta.json may list: files inside the checkpoint
 _OWN_FILES = ("meta.json", "manifest.json", "checksums.json")  # a step directory holding none is not ours
 _ROWS_FILE = re.compile(r"rows-(\d{5})-(\d{6})\.safetensors")
+_PICKS = 5  # times a reader picks a run's newest checkpoint again when a running training pruned its pick
+_WAIT_S = 60.0  # how long replacing or deleting a checkpoint waits for its readers
 
 
 class CheckpointError(RuntimeError):
@@ -166,8 +177,9 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, An
     final = run_dir / checkpoint_name(step)
 
     # Publish with one rename (an older save of this same step is moved aside first).
-    if final.exists():
-        os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
+    if os.path.lexists(final):
+        with exclusive(final, wait_s=_WAIT_S):  # its readers finish first
+            os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
     os.replace(tmp, final)
     fsync_dir(run_dir)
 
@@ -178,8 +190,10 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, An
     if keep is not None:
         for old in step_dirs(run_dir)[:-keep]:
             if old.name != final.name:
-                trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
-                os.replace(old, trash)  # a half-deleted directory must never look like a checkpoint
+                with exclusive(old, wait_s=0) as unread:
+                    if unread:  # one being read (`tierec eval` meanwhile) is pruned by a later save
+                        trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+                        os.replace(old, trash)  # a half-deleted directory must never look like a checkpoint
     remove_debris(run_dir)
     return final
 
@@ -252,7 +266,9 @@ def latest_checkpoint(run_dir: Path | str) -> Path | None:
         return None
     pointer = run_dir / LATEST_FILE
     name = None
-    if pointer.is_file():
+    for _ in range(2):  # read again: a running training may have just published a newer one and pruned this
+        if not pointer.is_file():
+            break
         name = pointer.read_text().strip()
         if not STEP_DIR.fullmatch(name):
             raise CheckpointError(f"{pointer} holds {name[:80]!r}, which is not a checkpoint name")
@@ -270,17 +286,38 @@ def find_checkpoint(path_or_run_dir: Path | str) -> Path:
     """The checkpoint directory meant by a step directory or a run directory (its latest)."""
     path = Path(path_or_run_dir)
     if STEP_DIR.fullmatch(path.name) or (path / META_FILE).exists():
-        ckpt = path
-    else:
-        if not path.exists():
-            raise CheckpointError(f"no checkpoint at {path}: it does not exist")
-        found = latest_checkpoint(path)
-        if found is None:
-            raise CheckpointError(f"no checkpoint in {path}")
-        ckpt = found
-    if not ckpt.is_dir():
-        raise CheckpointError(f"checkpoint {ckpt} does not exist")
-    return ckpt
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        return path
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}: it does not exist")
+    found = latest_checkpoint(path)
+    if found is None:
+        raise CheckpointError(f"no checkpoint in {path}")
+    return found
+
+
+def linked(ckpt: Path) -> CheckpointError:
+    """The error for a checkpoint directory that is a symbolic link."""
+    return CheckpointError(f"checkpoint {ckpt} is a symbolic link; tierec reads a checkpoint only where it was "
+                           "written, not through a link")
+
+
+def hold_checkpoint(path_or_run_dir: Path | str) -> tuple[Path, DirHold]:
+    """The checkpoint meant by ``path_or_run_dir`` and a shared lock on it (pruning leaves it alone until
+    released). A run's newest is picked again if a running training pruned the first pick meanwhile."""
+    for _ in range(_PICKS):
+        ckpt = find_checkpoint(path_or_run_dir)
+        try:
+            hold = hold_shared(ckpt)
+        except LinkedDirError:
+            raise linked(ckpt) from None
+        if hold is not None:
+            return ckpt, hold
+        if ckpt == Path(path_or_run_dir):
+            break  # named by the caller: nothing to pick again
+    raise CheckpointError(f"checkpoint {ckpt} was removed while it was being opened (pruned by the training that "
+                          "writes there?); try again")
 
 
 class Checkpoint:
@@ -288,16 +325,36 @@ class Checkpoint:
 
     ``meta`` is the caller's meta (with ``step``); ``state(rank)`` a rank's
     non-row tensors; ``rows()`` yields ``(label, records)`` from every chunk
-    file of every rank, one file in RAM at a time.
+    file of every rank, one file in RAM at a time. It holds a shared lock on
+    the directory until :meth:`close` (or the end of a ``with`` block).
+
+    A checkpoint whose ``meta.json`` lists its files (format 2) must have a
+    ``checksums.json`` that covers every one of them and ``meta.json``: a
+    missing record, or one that leaves a file out, is corruption (deleting it
+    cannot switch the check off).
     """
 
     def __init__(self, path_or_run_dir: Path | str) -> None:
-        ckpt = find_checkpoint(path_or_run_dir)
-        problem = verify_checksums(ckpt)
-        if problem is not None:
-            raise CheckpointError(f"checkpoint {ckpt} is corrupt: {problem}")
+        ckpt, self._hold = hold_checkpoint(path_or_run_dir)
         try:
-            record = json.loads((ckpt / META_FILE).read_text())
+            self._open(ckpt)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let go of the directory (pruning may then remove it)."""
+        self._hold.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self, ckpt: Path) -> None:
+        try:
+            record = json.loads(self._member(ckpt, META_FILE).read_text())
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {ckpt} is incomplete: {META_FILE} is missing") from None
         except (ValueError, UnicodeDecodeError) as e:
@@ -316,6 +373,18 @@ class Checkpoint:
         if bad:
             raise CheckpointError(f"{ckpt / META_FILE} names {quote(bad[0])}: only plain file names inside the checkpoint")
         self.row_files = sorted(f for f in self.files if _ROWS_FILE.fullmatch(f))
+        required = {*self.files, META_FILE} if "files" in info else None  # format 1: no list, checked if recorded
+        problem = verify_checksums(ckpt, required)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {ckpt} is corrupt: {problem}")
+
+    @staticmethod
+    def _member(ckpt: Path, name: str) -> Path:
+        """``ckpt/name``, refused when it is a symbolic link (it must resolve inside the checkpoint)."""
+        try:
+            return member_path(ckpt, name, f"checkpoint {ckpt}")
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
 
     def state(self, rank: int = 0) -> dict[str, Tensor]:
         """Rank ``rank``'s non-row tensors (rank 0's hold the dense model, optimizer and RNG)."""
@@ -338,7 +407,7 @@ class Checkpoint:
         return out
 
     def _read(self, name: str) -> tuple[dict[str, Tensor], dict[str, str]]:
-        path = self.path / name
+        path = self._member(self.path, name)
         if name not in self.files:
             raise CheckpointError(f"checkpoint {self.path} has no {name} (it was saved on {self.world_size} ranks)")
         if not path.is_file():
@@ -361,8 +430,8 @@ def load_checkpoint(path_or_run_dir: Path | str, device: torch.device | str = "c
     CheckpointError (one line) if there is no checkpoint or it is corrupt. To
     load a table larger than RAM, read :class:`Checkpoint` chunk by chunk.
     """
-    ckpt = Checkpoint(path_or_run_dir)
-    tensors = ckpt.materialise()
+    with Checkpoint(path_or_run_dir) as ckpt:
+        tensors = ckpt.materialise()
     if str(device) != "cpu":
         tensors = {k: v.to(device) for k, v in tensors.items()}
     return tensors, ckpt.meta
@@ -386,7 +455,8 @@ def remove_checkpoints(run_dir: Path | str) -> None:
     run_dir = Path(run_dir)
     for old in step_dirs(run_dir):
         trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
-        os.replace(old, trash)
+        with exclusive(old, wait_s=_WAIT_S):  # its readers finish first
+            os.replace(old, trash)
     (run_dir / LATEST_FILE).unlink(missing_ok=True)
     remove_debris(run_dir)
     try:
@@ -396,11 +466,12 @@ def remove_checkpoints(run_dir: Path | str) -> None:
 
 
 def step_dirs(run_dir: Path) -> list[Path]:
-    """Checkpoint directories of a run, oldest step first."""
+    """Checkpoint directories of a run, oldest step first (a symbolic link is none: tierec never makes one)."""
     found = [
         (int(m.group(1)), p)
         for p in run_dir.iterdir()
-        if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and any((p / f).is_file() for f in _OWN_FILES)
+        if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()
+        and any((p / f).is_file() for f in _OWN_FILES)
     ]
     return [p for _, p in sorted(found)]
 
@@ -428,7 +499,7 @@ def prepare_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
 def remove_debris(run_dir: Path) -> None:
     for p in run_dir.iterdir():
         if _DEBRIS.fullmatch(p.name):
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)

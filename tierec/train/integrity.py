@@ -4,7 +4,9 @@ When a checkpoint directory is complete, and before it is published,
 ``write_checksums`` records the size and SHA-256 of every file in it (any
 layout: one tensor file, one shard per rank, chunk files in subdirectories) in
 ``checksums.json``. ``verify_checksums`` recomputes them on load and names the
-first file whose bytes changed or were cut short, so a resume can fall back to
+first file whose bytes changed or were cut short (or that is a symbolic link);
+given the files a checkpoint must hold, a missing ``checksums.json`` or one
+that leaves one of them out is itself a problem, so a resume can fall back to
 an older intact checkpoint instead of training on flipped bits. Hashing streams
 the files in 4 MiB pieces (SHA-256 runs at about 1-2 GB/s with the CPU's SHA
 instructions), so it needs no memory beyond that.
@@ -22,6 +24,8 @@ True
 >>> _ = (d / "a.bin").write_bytes(b"1235")
 >>> verify_checksums(d)
 'a.bin does not match its checksum (its bytes changed after it was written)'
+>>> verify_checksums(d, required={"a.bin", "b.bin"})
+'checksums.json does not cover b.bin (it must cover every file of the checkpoint)'
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -72,17 +76,24 @@ def write_checksums(ckpt: Path) -> None:
         os.fsync(f.fileno())
 
 
-def verify_checksums(ckpt: Path) -> str | None:
+def verify_checksums(ckpt: Path, required: Collection[str] | None = None) -> str | None:
     """None if every file ``checksums.json`` lists is whole; else what is wrong, in one line.
 
-    A checkpoint written before checksums existed (no ``checksums.json``) passes.
+    ``required``: the files the record must cover (the checkpoint's own list); then a missing
+    ``checksums.json`` is a problem too. Without it (a checkpoint format that lists no files), a
+    checkpoint with no ``checksums.json`` passes.
     """
-    from tierec.paths import safe_member  # noqa: PLC0415 - keeps this module light
+    from tierec.errors import ConfigError  # noqa: PLC0415 - keeps this module light
+    from tierec.paths import member_path  # noqa: PLC0415
 
     ckpt = Path(ckpt)
     path = ckpt / CHECKSUMS_FILE
-    if not path.exists():
-        return None
+    if not os.path.lexists(path):
+        return None if required is None else f"{CHECKSUMS_FILE} is missing (every checkpoint of this format has one)"
+    try:
+        member_path(ckpt, CHECKSUMS_FILE, str(ckpt))
+    except ConfigError as e:
+        return str(e)
     try:
         record = json.loads(path.read_text())
         files = record["files"]
@@ -90,13 +101,17 @@ def verify_checksums(ckpt: Path) -> str | None:
             return f"{CHECKSUMS_FILE} is not a tierec checksum record"
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         return f"{CHECKSUMS_FILE} is unreadable ({e})"
+    uncovered = sorted(set(required or ()) - set(files))
+    if uncovered:
+        return f"{CHECKSUMS_FILE} does not cover {uncovered[0]} (it must cover every file of the checkpoint)"
     for rel, want in sorted(files.items()):
         try:
-            safe_member(rel, str(path))
+            p = member_path(ckpt, rel, str(path))
             size, digest = int(want["bytes"]), str(want[ALGORITHM])
+        except ConfigError as e:
+            return str(e)
         except (ValueError, KeyError, TypeError) as e:
             return f"{CHECKSUMS_FILE} has a bad entry for {rel!r} ({e})"
-        p = ckpt / rel
         if not p.is_file():
             return f"{rel} is missing"
         have = p.stat().st_size

@@ -7,6 +7,11 @@ Four pictures go into the run directory (matplotlib, Agg backend: no display nee
 - ``embedding.png``: embedding rows and bytes (tables, optimizer state, indexes) over steps;
 - ``store_hit_rate.png``: the tiered store's hit rate over steps, only when tables are tiered.
 
+They are written through :class:`~tierec.train.runfiles.RunFiles`: each whole
+(a temporary renamed over the old one), never through a symbolic link and never
+over a file tierec did not write (a user's own ``loss_auc.png`` is refused in
+one line before any is drawn).
+
 >>> import json, tempfile
 >>> from pathlib import Path
 >>> run = Path(tempfile.mkdtemp())
@@ -20,11 +25,20 @@ Four pictures go into the run directory (matplotlib, Agg backend: no display nee
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any, Callable
 
-from tierec.train.rundir import RunDirError
+from tierec.train.runfiles import RunDirError, RunFiles
+
+PLOT_FILES = ("loss_auc.png", "throughput.png", "embedding.png")
+HIT_RATE_FILE = "store_hit_rate.png"
+
+
+def plot_files(tiered: bool) -> tuple[str, ...]:
+    """The names of the plots of a run (the hit rate's with tiered tables)."""
+    return PLOT_FILES + ((HIT_RATE_FILE,) if tiered else ())
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -69,13 +83,17 @@ def write_plots(run_dir: str | Path) -> list[Path]:
 
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
+    files = RunFiles(run_dir)
+    hit_rates = _series(records, "train", "hit_rate", _hit_rate)
+    files.check(plot_files(tiered=bool(hit_rates[0])))  # all refused before one is drawn
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(run_dir / name, dpi=100)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
         plt.close(fig)
-        written.append(run_dir / name)
+        written.append(files.write(name, png.getvalue()))
 
     def line(ax: Any, xy: tuple[list[int], list[float]], label: str, **kw: Any) -> None:
         ax.plot(*xy, marker="o" if len(xy[0]) < 30 else None, markersize=3, label=label, **kw)
@@ -95,14 +113,14 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    save(fig, "loss_auc.png")
+    save(fig, PLOT_FILES[0])
 
     fig, ax = plt.subplots(figsize=(6, 4))
     line(ax, _series(records, "train", "samples_per_s"), "samples/s (since start)")
     ax.set(xlabel="step", ylabel="samples/s", title="training throughput")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    save(fig, "throughput.png")
+    save(fig, PLOT_FILES[1])
 
     fig, rows_ax = plt.subplots(figsize=(6, 4))
     line(rows_ax, _series(records, "train", "embedding_rows"), "rows", color="tab:blue")
@@ -115,14 +133,14 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     bytes_ax.set_ylim(bottom=0)
     rows_ax.legend(*[a + b for a, b in zip(rows_ax.get_legend_handles_labels(), bytes_ax.get_legend_handles_labels())], loc="lower right")
     rows_ax.grid(alpha=0.3)
-    save(fig, "embedding.png")
+    save(fig, PLOT_FILES[2])
 
-    steps, rates = _series(records, "train", "hit_rate", _hit_rate)
+    steps, rates = hit_rates
     if steps:
         fig, ax = plt.subplots(figsize=(6, 4))
         line(ax, (steps, [100 * r for r in rates]), "hit rate")
         ax.set(xlabel="step", ylabel="% of lookups served from RAM (since start)", title="tiered store hit rate (evaluations included)")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-        save(fig, "store_hit_rate.png")
+        save(fig, HIT_RATE_FILE)
     return written

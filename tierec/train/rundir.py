@@ -5,7 +5,10 @@
 - a directory it made carries ``.tierec-run``; files tierec writes there
   (``config.toml``, ``metrics.jsonl``, ``summary.json``, ``checkpoints/``) are
   never written over in a directory without it (``--run-dir .`` keeps a user's
-  own ``config.toml``);
+  own ``config.toml``); every file is written through
+  :class:`~tierec.train.runfiles.RunFiles` (no link followed, nothing written
+  over a file tierec did not write), and the names a run will write are checked
+  before it starts (:func:`files_written`);
 - a run directory that already holds a run is continued with ``--resume`` or
   started over with ``--overwrite`` (which deletes only tierec's own files);
   anything else is a one-line error that says so;
@@ -13,7 +16,9 @@
   second trainer, or a ``--resume`` while the first still runs, is refused in
   one line; a lock left by a dead process on this host is taken over.
 
-``--resume`` continues with the run's own ``config.toml``. ``--set`` may then
+``--resume`` continues with the run's own ``config.toml``; a run directory
+that tierec claimed but that holds no ``config.toml`` (it stopped before
+writing it: nothing was trained) is refused, not trained on the defaults. ``--set`` may then
 change only the keys in ``SAFE_ON_RESUME`` (how long to train, how often to
 evaluate and checkpoint, progress and speed knobs); any other change is an
 error naming the key, raised before anything is written.
@@ -43,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from tierec.config import Config, ConfigError, apply_override, first_difference, flatten_dict, from_dict, to_dict
+from tierec.train.runfiles import MARKER, RunDirError, RunFiles
 
-MARKER = ".tierec-run"
 LOCK = ".tierec.lock"
 OWN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "checkpoints")
 # What --set may change on --resume: how long to train, how often to evaluate and
@@ -69,8 +74,12 @@ SAFE_ON_RESUME = (
 )
 
 
-class RunDirError(ConfigError):
-    """A run directory that may not be used or read as asked (one line; `tierec report` raises it too)."""
+def files_written(cfg: Config) -> tuple[str, ...]:
+    """The names `tierec train` writes in its run directory with ``cfg`` (checked before it starts)."""
+    from tierec.train.plots import plot_files
+
+    plots = plot_files(tiered=cfg.store.enabled) if cfg.train.plots else ()
+    return OWN_FILES + plots + (("tensorboard",) if cfg.train.tensorboard else ())
 
 
 # ---------------------------------------------------------------- resume config
@@ -79,7 +88,15 @@ class RunDirError(ConfigError):
 def resume_config(run_dir: Path, config_file: str | None, overrides: list[str]) -> Config | None:
     """The run's own config with the allowed ``--set`` changes; None if ``run_dir`` holds no run yet."""
     path = run_dir / "config.toml"
+    if path.is_symlink():
+        raise RunDirError(f"{path} is a symbolic link; tierec reads a run's config only from the run directory itself")
     if not path.is_file():
+        if run_dir.is_dir() and (_is_ours(run_dir) or any((run_dir / f).exists() for f in OWN_FILES)):
+            _refuse_live_holder(run_dir)  # (a run still starting has not written it yet)
+            raise RunDirError(
+                f"--resume: {run_dir} holds no config.toml (the run stopped before writing it, so nothing was "
+                f"trained); start it again without --resume, with its --config / --set: tierec train --run-dir {run_dir} ..."
+            )
         return None
     if config_file:
         raise ConfigError(
@@ -107,39 +124,40 @@ def resume_config(run_dir: Path, config_file: str | None, overrides: list[str]) 
 
 
 def _is_ours(run_dir: Path) -> bool:
-    return (run_dir / MARKER).is_file()
+    return RunFiles(run_dir).claimed()
 
 
-def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Raise RunDirError unless training may write in ``run_dir`` as asked; writes nothing."""
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, writes: tuple[str, ...] = OWN_FILES) -> None:
+    """Raise RunDirError unless training may write in ``run_dir`` as asked (``writes``: the names it will write,
+    none a link or a file tierec did not write); writes nothing."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} exists and is not a directory")
     if not run_dir.is_dir():
         return
     _refuse_live_holder(run_dir)
     present = [f for f in OWN_FILES if (run_dir / f).exists()]
-    if not present:
-        return
-    if not _is_ours(run_dir):
+    if present and not _is_ours(run_dir):
         raise RunDirError(
             f"--run-dir {run_dir} holds {present[0]} that tierec did not write there (no {MARKER}); "
             "choose a new or empty run directory"
         )
-    if not resume and not overwrite:
+    if present and not resume and not overwrite:
         raise RunDirError(
             f"--run-dir {run_dir} already holds a run; continue it with `tierec train --run-dir {run_dir} --resume`, "
             "or pass --overwrite to start it over"
         )
+    RunFiles(run_dir).check(writes)
 
 
 def _remove_own_files(run_dir: Path) -> None:
     """--overwrite: delete what an earlier run wrote (tierec's own names only)."""
     from tierec.train.checkpoint import remove_checkpoints
 
+    files = RunFiles(run_dir)
     for name in ("metrics.jsonl", "summary.json", "config.toml"):
-        (run_dir / name).unlink(missing_ok=True)
+        files.remove(name)
     ckpt = run_dir / "checkpoints"
-    if ckpt.is_dir():
+    if "checkpoints" in files.own() and ckpt.is_dir() and not ckpt.is_symlink():
         remove_checkpoints(ckpt)
 
 
@@ -157,9 +175,10 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[P
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     try:
-        if not _is_ours(run_dir):
-            (run_dir / MARKER).write_text(json.dumps({"tierec_run": 1, "created": time.time()}) + "\n")
-        elif overwrite and not resume:
+        files = RunFiles(run_dir)
+        held_a_run = files.claimed()
+        files.claim()  # (an older marker: records the files of tierec's it holds)
+        if held_a_run and overwrite and not resume:
             _remove_own_files(run_dir)
         yield run_dir
     finally:

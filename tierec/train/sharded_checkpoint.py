@@ -27,8 +27,8 @@ from torch import Tensor
 from tierec.config import ConfigError
 from tierec.distributed.context import DistContext
 from tierec.embedding.storage import combine_shards
-from tierec.paths import quote, safe_member
-from tierec.train.checkpoint import STEP_DIR, CheckpointError, latest_checkpoint, load_checkpoint
+from tierec.paths import member_path, quote
+from tierec.train.checkpoint import STEP_DIR, CheckpointError, latest_checkpoint, linked, load_checkpoint
 
 MANIFEST_FILE = "manifest.json"  # the previous sharded format
 SHARDED_FORMAT = 1
@@ -48,11 +48,15 @@ def is_row_key(name: str) -> bool:
 
 
 def resolve_checkpoint(path_or_run_dir: Path | str) -> Path | None:
-    """The checkpoint directory meant by a step directory or a run's checkpoints/ (its latest)."""
+    """The checkpoint directory meant by a step directory or a run's checkpoints/ (its latest); never a link."""
     path = Path(path_or_run_dir)
     if STEP_DIR.fullmatch(path.name) or (path / MANIFEST_FILE).exists() or (path / "meta.json").exists():
-        return path if path.is_dir() else None
-    return latest_checkpoint(path)
+        ckpt = path if path.is_dir() else None
+    else:
+        ckpt = latest_checkpoint(path)
+    if ckpt is not None and ckpt.is_symlink():
+        raise linked(ckpt)
+    return ckpt
 
 
 def is_sharded(ckpt: Path) -> bool:
@@ -60,8 +64,10 @@ def is_sharded(ckpt: Path) -> bool:
 
 
 def read_manifest(ckpt: Path) -> dict[str, Any]:
+    if ckpt.is_symlink():
+        raise linked(ckpt)
     try:
-        record = json.loads((ckpt / MANIFEST_FILE).read_text())
+        record = json.loads(_member(ckpt, MANIFEST_FILE).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {MANIFEST_FILE} ({e})") from None
     info = record.get("_sharded")
@@ -90,10 +96,7 @@ def iter_shards(ckpt: Path) -> Iterator[dict[str, Tensor]]:
 def _checked_shard(ckpt: Path, entry: Any) -> Path:
     if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not isinstance(entry.get("bytes"), int):
         raise CheckpointError(f"{ckpt / MANIFEST_FILE}: malformed shard entry {quote(entry)} (needs file and bytes)")
-    try:
-        p = ckpt / safe_member(entry["file"], str(ckpt / MANIFEST_FILE))
-    except ConfigError as e:
-        raise CheckpointError(str(e)) from None
+    p = _member(ckpt, entry["file"])
     if not p.is_file():
         raise CheckpointError(f"checkpoint {ckpt} is incomplete: {entry['file']} is missing")
     if p.stat().st_size != entry["bytes"]:
@@ -105,6 +108,14 @@ def _checked_shard(ckpt: Path, entry: Any) -> Path:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: cannot read {entry['file']} ({e})") from None
     return p
+
+
+def _member(ckpt: Path, name: str) -> Path:
+    """``ckpt/name``, refused when it is not a plain name or is a symbolic link (it must resolve inside ``ckpt``)."""
+    try:
+        return member_path(ckpt, name, str(ckpt / MANIFEST_FILE))
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def checkpoint_meta(ckpt: Path) -> dict[str, Any]:

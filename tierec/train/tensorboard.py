@@ -1,7 +1,9 @@
 """TensorBoard event files of a run (``train.tensorboard = true``): the metrics records as scalars.
 
 Every record the trainer writes to ``metrics.jsonl`` also goes to
-``<run_dir>/tensorboard/`` through ``torch.utils.tensorboard``, which needs the
+``<run_dir>/tensorboard/`` (a directory of tierec's own, never a symbolic link:
+:class:`~tierec.train.runfiles.RunFiles`; its event files get new, unique names)
+through ``torch.utils.tensorboard``, which needs the
 ``tensorboard`` package (``pip install 'tierec[tensorboard]'``); without it the
 run stops before it starts, with one line saying so (:func:`require_tensorboard`).
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tierec.errors import ConfigError
+from tierec.train.runfiles import RunFiles
 
 MISSING = "train.tensorboard = true needs the tensorboard package: pip install 'tierec[tensorboard]' (or set train.tensorboard = false)"
 
@@ -39,7 +42,7 @@ class TensorBoardSink:
         require_tensorboard()
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=str(RunFiles(Path(run_dir)).directory("tensorboard")))
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record.get("kind"), record.get("step")

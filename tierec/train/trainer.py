@@ -26,7 +26,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
 from tierec.train.pipeline import TrainPipeline
+from tierec.train.runfiles import RunFiles
 from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
@@ -64,23 +65,24 @@ class Position:
 
 
 class MetricsLog:
-    """Append-only JSON lines (a no-op when not ``enabled``: ranks other than 0 of a job), copied to ``sink``
+    """Append-only JSON lines to ``out`` (a no-op without one: ranks other than 0 of a job), copied to ``sink``
     (TensorBoard with ``train.tensorboard``) when there is one."""
 
-    def __init__(self, path: Path, enabled: bool = True, sink: Any = None) -> None:
-        self.path = path
-        self.enabled = enabled
-        self.sink = sink if enabled else None
+    def __init__(self, out: TextIO | None, sink: Any = None) -> None:
+        self.out = out
+        self.sink = sink if out is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
+        if self.out is None:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()  # a record is on disk (the page cache) when the step is done, even if the process dies
         if self.sink is not None:
             self.sink.write(record)
 
     def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
         if self.sink is not None:
             self.sink.close()
 
@@ -122,6 +124,7 @@ class Trainer:
         for any number of processes; what differs is applied by ``self.job`` (tierec/distributed/job.py)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.files = RunFiles(self.run_dir)  # every file written in the run directory goes through it
         self.resume = resume
         self.job = Job(cfg, ctx)
         self.is_main = self.job.is_main  # prints progress and writes run files (rank 0 of a job)
@@ -148,16 +151,16 @@ class Trainer:
         keep_heap()  # reuse freed activation buffers instead of page-faulting them in every step
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
-            (self.run_dir / "config.toml").write_text(dump_toml(to_dict(cfg)))
+            self.files.write_text("config.toml", dump_toml(to_dict(cfg)))
         sink = TensorBoardSink(self.run_dir) if cfg.train.tensorboard and self.is_main else None
-        log = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.is_main, sink=sink)
+        log = MetricsLog(self.files.append("metrics.jsonl") if self.is_main else None, sink=sink)
         try:
             return self._loop(cfg, log)
         finally:
             log.close()
 
     def _loop(self, cfg: Config, log: MetricsLog) -> dict[str, Any]:
-        ckpt_dir = self.run_dir / "checkpoints"
+        ckpt_dir = self._own_dir("checkpoints")
 
         # 1. data and model
         probe = open_source(cfg.data, "train", cfg.train.batch_size)
@@ -210,7 +213,7 @@ class Trainer:
                         log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_rows": rows,
                                    "embedding_bytes": parts.embedding_bytes(), **store.record(), **self.job.bytes_record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
-                        self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), ckpt_dir, pos, eval_split)
+                        self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), pos, eval_split)
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience
                         if done:
                             (bar.write if bar is not None else self.echo)(f"step {pos.step}: early stop, no better validation AUC in {pos.evals_since_best} evaluations")
@@ -238,7 +241,7 @@ class Trainer:
         self._save(parts, ckpt_dir, pos)
         if eval_split == "validation":
             if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
-                self._track_best(parts, self._eval(parts, log, pos, None, "validation"), ckpt_dir, pos, "validation")
+                self._track_best(parts, self._eval(parts, log, pos, None, "validation"), pos, "validation")
             if pos.best_step != pos.step:
                 self._load_weights(parts, ckpt_dir / BEST_DIR)
             best = {"best_step": pos.best_step, "best_validation_auc": pos.best_auc}
@@ -264,11 +267,15 @@ class Trainer:
             summary["planted_auc"] = planted_auc(cfg, result["rows"])
         log.write({"kind": "final", **summary})
         if self.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            self.files.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
         require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
         return summary
 
     # ------------------------------------------------------------- pieces
+
+    def _own_dir(self, name: str) -> Path:
+        """A directory of the run (created, checked not to be a link or the user's, on the writing rank)."""
+        return self.files.directory(name) if self.is_main else self.run_dir / name
 
     def _stop_requested(self) -> int | None:
         """The signal that asked the run to stop (all ranks agree in a job), or None."""
@@ -332,7 +339,7 @@ class Trainer:
             (bar.write if bar is not None else self.echo)(line)
         return result
 
-    def _track_best(self, parts: Components, result: dict[str, float], ckpt_dir: Path, pos: Position, split: str) -> None:
+    def _track_best(self, parts: Components, result: dict[str, float], pos: Position, split: str) -> None:
         """Keep checkpoints/best at the best validation AUC so far (periodic evaluations on test keep nothing)."""
         if split != "validation":
             return
@@ -340,7 +347,7 @@ class Trainer:
         if result["auc"] > pos.best_auc or pos.best_step < 0:  # a nan AUC never wins, but a first one is kept
             pos.best_auc = float(result["auc"]) if result["auc"] == result["auc"] else -1.0
             pos.best_step, pos.evals_since_best = pos.step, 0
-            self._save(parts, ckpt_dir / BEST_DIR, pos)
+            self._save(parts, self._own_dir(f"checkpoints/{BEST_DIR}"), pos)
         else:
             pos.evals_since_best += 1
 
@@ -375,9 +382,9 @@ class Trainer:
         ctx = self.job.shard_ctx  # on a mesh: the rank's group (each replica loads every row)
         if is_sharded(ckpt):  # the previous sharded format: every rank reads every shard
             return restore_sharded(ckpt, ctx, lambda t, sk: restore_state(parts, t, sk), lambda t: load_shard_rows(parts, t))
-        loaded = Checkpoint(ckpt)  # saved on any number of processes; rows read a chunk at a time
-        restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
-        return loaded.meta
+        with Checkpoint(ckpt) as loaded:  # saved on any number of processes; rows read a chunk at a time
+            restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
+            return loaded.meta
 
     def _load(self, parts: Components, ckpt_dir: Path) -> Position:
         if not checkpoint_dirs(ckpt_dir):

@@ -349,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and code != 0:
         # Run as a program and failing: leave now. Interpreter teardown with library threads (Arrow, numba,
         # gloo) still alive could abort ("terminate called without an active exception", status 134).
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:  # a terminal that hung up (SIGHUP)
+                pass
         os._exit(code)
     return code
 

@@ -1,4 +1,4 @@
-"""Issue 22 points 3 and 12: the `--nproc N` launcher and its ranks live and die together; one-line errors.
+"""Issue 22 points 3, 10 and 12: the `--nproc N` launcher and its ranks live and die together; SIGHUP; one-line errors.
 
 Each test runs `tierec train` as a program on a tiny synthetic job and finds the
 processes of its run by the run directory in their command line (the ranks'
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -118,6 +119,67 @@ def test_a_rank_killed_by_sigkill_is_one_line_naming_it_its_signal_and_the_resum
     finally:
         launcher.kill()
         _stop_all(run)
+
+
+# ------------------------------------------------------------------ point 10: SIGHUP
+
+
+def _hang_up(run: Path, nproc: int) -> None:
+    proc = _start(run, *SETS, nproc=nproc)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        _stop_all(run)
+    assert proc.returncode == 129, err[-3000:]
+    assert "Traceback" not in err and err.count("SIGHUP: finishing this step") == 1, err
+    stopped = _records(run)[-1]
+    assert stopped["kind"] == "interrupted" and stopped["signal"] == signal.SIGHUP
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{stopped['step']:08d}"
+
+
+def test_sighup_saves_a_checkpoint_and_exits_129(tmp_path: Path) -> None:
+    _hang_up(tmp_path / "job", nproc=1)
+
+
+def test_sighup_to_the_nproc_launcher_saves_a_checkpoint_and_exits_129(tmp_path: Path) -> None:
+    _hang_up(tmp_path / "job", nproc=2)
+
+
+def test_a_closed_terminal_still_gets_its_checkpoint(tmp_path: Path) -> None:
+    """stdout and stderr on a pseudo-terminal that is closed before the SIGHUP: writes to it fail (EIO)."""
+    run = tmp_path / "job"
+    master, slave = pty.openpty()
+    try:
+        proc = _start(run, *SETS, nproc=1, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        os.close(master)  # the terminal goes away
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 129
+    stopped = _records(run)[-1]
+    assert stopped["kind"] == "interrupted"
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{stopped['step']:08d}"
+
+
+def test_a_started_ignored_sighup_stays_ignored(tmp_path: Path) -> None:
+    """`nohup tierec train ...`: the run goes on after a SIGHUP."""
+    run = tmp_path / "job"
+    proc = _start(run, *SETS, nproc=1, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+        assert proc.returncode == 143
+    finally:
+        proc.kill()
 
 
 # ------------------------------------------------------------------ point 12: errors under --nproc N

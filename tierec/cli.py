@@ -279,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: such a run dir is an error)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (default: a bar on a terminal, a line every 30 s in a log)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="train on N local processes (re-launches itself under torchrun; see docs/distributed.md; default: 1)")
+                   help="train on N local processes (started and watched by this one, torchrun's environment without torchrun; "
+                        "see docs/distributed.md; default: 1)")
     p.set_defaults(func=cmd_train)
 
     for name, helptext in (("eval", "evaluate a checkpoint"), ("predict", "write a score for every row of a data file")):
@@ -351,8 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None and code != 0:
         # Run as a program and failing: leave now. Interpreter teardown with library threads (Arrow, numba,
         # gloo) still alive could abort ("terminate called without an active exception", status 134).
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:  # a terminal that hung up (SIGHUP)
+                pass
         os._exit(code)
     return code
 
@@ -360,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
+    from tierec.distributed.local_job import report_error
     from tierec.errors import DiskFullError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
@@ -369,14 +374,14 @@ def _main(argv: list[str] | None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and not getattr(args, "passthrough", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    args.argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc N` re-launches with them
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc N` starts its ranks with them
     try:
         if getattr(args, "passthrough", False):
             return args.func(args, rest)
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
             TrainingDiverged, DiskFullError) as e:  # fmt: skip
-        print(f"tierec: error: {e}", file=sys.stderr)
+        report_error(f"tierec: error: {e}")
         return 2
     except Interrupted as e:
         print(f"tierec: {e}", file=sys.stderr)
@@ -388,7 +393,7 @@ def _main(argv: list[str] | None) -> int:
         message = resource_error(e)
         if message is None:
             raise
-        print(f"tierec: error: {message}", file=sys.stderr)
+        report_error(f"tierec: error: {message}")
         return 2
 
 

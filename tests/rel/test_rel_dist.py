@@ -109,12 +109,6 @@ with GracefulStop():
     open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
     time.sleep(120)
 """
-FAKE_TORCHRUN = """
-import subprocess, sys
-ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]]) for _ in range(2)]
-for r in ranks:
-    r.wait()
-"""
 
 
 def _running(pid: int) -> bool:  # (a zombie is dead, only not reaped yet by its new parent)
@@ -126,12 +120,13 @@ def _running(pid: int) -> bool:  # (a zombie is dead, only not reaped yet by its
 
 
 def test_a_second_signal_to_the_nproc_launcher_ends_it_and_its_ranks_at_once(tmp_path: Path) -> None:
-    """The launcher with stand-ins for torchrun and two ranks (a real job is above): SIGINT, SIGINT -> 130 at once."""
+    """The launcher with stand-ins for two ranks (a real job is above): SIGINT, SIGINT -> 130 at once."""
     ready = tmp_path / "ready"
     ready.mkdir()
-    code = ("import sys; from pathlib import Path; from tierec.distributed.launch import run_launcher; "
-            "sys.exit(run_launcher([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]], Path(sys.argv[4])))")
-    launcher = subprocess.Popen([sys.executable, "-c", code, FAKE_TORCHRUN, FAKE_RANK, str(ready), str(tmp_path)],
+    code = ("import sys; from pathlib import Path; from tierec.distributed.local_job import run_local_job; "
+            "from tierec.train.stopping import GracefulStop; sys.exit(run_local_job([sys.executable, '-c', sys.argv[1], "
+            "sys.argv[2]], 2, Path(sys.argv[3]), signals=GracefulStop.SIGNALS))")
+    launcher = subprocess.Popen([sys.executable, "-c", code, FAKE_RANK, str(ready), str(tmp_path)],
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

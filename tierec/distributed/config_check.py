@@ -1,4 +1,9 @@
-"""Every rank of a job must train with the same config: checked once, at process-group setup.
+"""A job's config: what no job of W processes can run, and the same config on every rank.
+
+``check_job_config`` refuses, before any process starts (``tierec train --nproc N``
+calls it in the launcher) and again on every rank, what a job of W processes
+cannot run: a ``dist.group_size`` that does not divide W, a device other than
+the CPU, ``dist.hot_rows`` with ``prune.enabled``; one line naming the keys.
 
 Each rank hashes its resolved config (``RANK_SPECIFIC`` keys aside); the hashes
 are all-gathered, and on a mismatch the configs themselves, so that every rank
@@ -22,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tierec.config import Config, ConfigError, first_difference, flatten_dict, to_dict
+from tierec.distributed.mesh_shape import check_mesh
 
 # Keys that may differ between ranks: what is printed and the local thread count.
 RANK_SPECIFIC = ("train.progress", "train.threads", "data.prefetch_batches")
@@ -33,6 +39,19 @@ def _comparable(cfg: Config) -> dict[str, Any]:
         section, name = key.split(".")
         d.get(section, {}).pop(name, None)
     return d
+
+
+def check_job_config(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError for what a job of ``world_size`` processes cannot run (no process group needed)."""
+    check_mesh(cfg.dist, world_size)
+    device = cfg.train.device.split(":")[0]
+    if device != "cpu":
+        raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {cfg.train.device}")
+    if cfg.prune.enabled and cfg.dist.hot_rows:
+        raise ConfigError(
+            "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
+            "set dist.hot_rows = 0 (or prune.enabled = false)"
+        )
 
 
 def config_hash(cfg: Config) -> str:

@@ -3,7 +3,8 @@
 Nothing about the job lives in module state: ranks, groups, the rendezvous
 store and the device travel in one ``DistContext`` that every distributed
 object receives. ``init_distributed`` builds it from torchrun's environment
-variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...);
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...; under
+``tierec train --nproc N`` the launcher hosts the store, as torchrun's agent does);
 ``DistContext.single()`` is the one-process context, with no groups at all.
 
 Two groups: the default one carries DDP's gradient buckets and metrics, a
@@ -28,6 +29,9 @@ import torch.distributed as dist
 
 from tierec.config import DistConfig
 from tierec.distributed.mesh_shape import check_mesh
+
+
+STORE_ENV = "TIEREC_STORE"  # "launcher": the store at MASTER_ADDR:MASTER_PORT is the `--nproc N` launcher's
 
 
 def launched_by_torchrun() -> bool:
@@ -69,6 +73,15 @@ class DistContext:
             dist.destroy_process_group()
 
 
+def _job_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The job's rendezvous store: the ``--nproc N`` launcher's (it outlives any rank), else env://'s."""
+    if os.environ.get(STORE_ENV) == "launcher":
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        return dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    return store
+
+
 def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) -> DistContext:
     """Join the job torchrun described in the environment; one process gets ``single()``.
 
@@ -88,7 +101,7 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
         torch.cuda.set_device(dev)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
     timeout = timedelta(seconds=cfg.timeout_s)
-    store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    store = _job_store(rank, world, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     # Embedding exchanges are CPU tensors (ids, rows): gloo even when the dense part runs on NCCL.
     sparse = dist.new_group(backend="gloo", timeout=timeout)

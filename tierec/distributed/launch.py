@@ -1,25 +1,18 @@
-"""Starting processes: the torchrun command line, local spawning for tests, dying with the parent.
+"""Starting processes: local spawning for tests, dying with the parent.
 
-``torchrun_command`` builds the ``python -m torch.distributed.run --standalone
---nproc_per_node N -m tierec ...`` line that ``tierec train --nproc N`` runs
-(tierec/train/launch.py) under ``run_launcher``. ``spawn`` starts
-N local processes without torchrun (tests and benchmarks): each gets the
-environment torchrun would give it, joins the job with ``init_distributed``
-and calls ``fn(ctx, *args)``.
-
->>> from tierec.distributed.launch import torchrun_command
->>> torchrun_command(2, ["train", "--nproc", "2", "--run-dir", "r"])[3:]
-['--standalone', '--nproc_per_node', '2', '-m', 'tierec', 'train', '--run-dir', 'r']
+``spawn`` starts N local processes without torchrun (tests and benchmarks):
+each gets the environment torchrun would give it, joins the job with
+``init_distributed`` and calls ``fn(ctx, *args)``. ``parent_death_hook`` and
+``die_with_parent`` tie a process's life to its parent's (``PR_SET_PDEATHSIG``):
+``tierec train --nproc N`` (tierec/distributed/local_job.py) gives its ranks
+the first, a rank under a torchrun started by hand calls the second.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,28 +23,6 @@ from tierec.config import DistConfig
 # What every job imports, loaded once into the fork server. torch._dynamo is imported
 # lazily by the first torch.optim optimizer and costs seconds.
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "tierec.train.trainer"]
-
-
-def strip_nproc(argv: list[str]) -> list[str]:
-    """``argv`` without ``--nproc N`` / ``--nproc=N``."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = True
-            continue
-        if a.startswith("--nproc="):
-            continue
-        out.append(a)
-    return out
-
-
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """The command line that runs ``tierec <argv>`` (minus ``--nproc``) on ``nproc`` local processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "-m", "tierec", *strip_nproc(argv)]
 
 
 def free_port() -> int:
@@ -123,117 +94,43 @@ def spawn(
     return codes
 
 
-def die_with_parent(sig: int) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (PR_SET_PDEATHSIG); a no-op elsewhere."""
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), else None."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
 
-    parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before the call
-        os.kill(os.getpid(), sig)
-
-
-LAUNCHER_ENV = "TIEREC_LAUNCHER_PID"  # set by `--nproc N` for its ranks: an interrupted rank then exits 0 (below)
-
-
-def run_launcher(cmd: list[str], run_dir: Path) -> int:
-    """Run torchrun as a child that dies with us; a SIGINT / SIGTERM goes to the ranks; the exit status.
-
-    The first signal goes straight to the ranks (torchrun's children): each finishes its step, the job
-    writes a checkpoint, and the ranks exit 0 so that torchrun ends quietly; we then exit 130 / 143.
-    torchrun itself is not signalled: it would print its own traceback and kill the ranks after its
-    shutdown timeout, even mid-checkpoint. A second signal kills torchrun and the ranks at once.
-    """
-    # Its own session: a terminal's Ctrl-C reaches only us. PDEATHSIG: if we are killed, torchrun is told to
-    # stop too (and the ranks die with torchrun).
-    env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
-    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets anyway, without its banner saying so
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM), start_new_session=True)
-    forwarded: list[int] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        forwarded.append(signum)
-        ranks = child_pids(proc.pid)
-        if len(forwarded) > 1 or not ranks:  # a second signal, or no rank has started yet: stop at once
-            if len(forwarded) > 1:
-                sys.stderr.write(f"tierec: second {signal.Signals(signum).name}: stopping now\n")
-            proc.kill()
-            for pid in ranks:
-                _kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 2.0  # gone before we are: a `--resume` right after us finds no live lock holder
-            while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            sys.stderr.flush()
-            os._exit(128 + forwarded[0])
-        for pid in ranks:
-            _kill(pid, signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while True:
-            try:
-                code = proc.wait()
-                break
-            except InterruptedError:
-                continue
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if code < 0:  # torchrun itself was killed by a signal
-        return 128 - code
-    if forwarded and code == 0 and _last_record_kind(run_dir / "metrics.jsonl") == "interrupted":
-        return 128 + forwarded[0]  # the ranks stopped on our signal and saved (not: it came after the last step)
-    return code
-
-
-def _last_record_kind(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            last = f.read().splitlines()[-1]
-        return json.loads(last).get("kind")
-    except (OSError, IndexError, ValueError, AttributeError):
         return None
 
 
-def child_pids(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and fields[1] == str(pid):
-            found.append(int(name))
-    return found
+def parent_death_hook(sig: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for a child of this process: ``sig`` reaches the child when this process dies.
+
+    The parent is this process's calling thread (keep it alive: call from the main thread). Everything is
+    resolved here, before the fork, so the child only makes two system calls; a child whose parent died
+    between the fork and the call kills itself with ``sig``. None where there is no ``prctl``.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def hook() -> None:
+        prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG; kept across exec
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return hook
 
 
-def _running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+def die_with_parent(sig: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (PR_SET_PDEATHSIG); a no-op elsewhere."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    parent = os.getppid()
+    prctl(1, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the call
+        os.kill(os.getpid(), sig)

@@ -15,7 +15,8 @@ what differs is applied to its components here, the way torchtitan's
   With ``dist.group_size`` making several groups (Hierarchical Training), the
   same happens on the rank's group of a 2-D mesh, plus the cross-group
   synchronisation (``hierarchical.Hierarchical``, returned);
-- :func:`check_job`: combinations a job cannot run, as one line naming the keys.
+- :func:`check_job`: combinations a job cannot run, as one line naming the keys
+  (``config_check.check_job_config``, which the ``--nproc N`` launcher runs before any rank starts).
 
 Every rank reads the same global batches and keeps its slice (``data.slice_batch``);
 its loss is the slice's summed loss times W / B, so DDP's average and the owners'
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import Config, ConfigError
+from tierec.distributed.config_check import check_job_config
 from tierec.distributed.context import DistContext
 from tierec.distributed.hierarchical import Hierarchical
 from tierec.distributed.sharded import ShardedEmbeddingCollection
@@ -67,11 +69,7 @@ def check_job(cfg: Config, ctx: DistContext) -> None:
     """Refuse what a job of several processes cannot run (one line naming the keys)."""
     if ctx.device.type != "cpu":
         raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {ctx.device}")
-    if cfg.prune.enabled and cfg.dist.hot_rows:
-        raise ConfigError(
-            "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
-            "set dist.hot_rows = 0 (or prune.enabled = false)"
-        )
+    check_job_config(cfg, ctx.world_size)
 
 
 class JobSums:

@@ -1,4 +1,4 @@
-"""``tierec train`` on several processes: under torchrun, or re-launched under it by ``--nproc N``.
+"""``tierec train`` on several processes: under torchrun, or as the N local ranks of ``--nproc N``.
 
 ``run_train`` is what the command line calls with ``--nproc N`` (or inside
 torchrun); ``train_in_job`` is one rank's training in a running job (tests
@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from tierec.config import Config, ConfigError
 from tierec.distributed.context import DistContext
-from tierec.distributed.launch import LAUNCHER_ENV, die_with_parent, run_launcher, torchrun_command
+from tierec.distributed.launch import die_with_parent
+from tierec.distributed.local_job import LAUNCHER_ENV, LOST_RANK_STATUS, report_error, rank_command, run_local_job
 from tierec.train.checkpoint import CheckpointError
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 
@@ -40,23 +41,25 @@ def run_train(
 ) -> int:
     """``tierec train`` on several processes; returns the exit status.
 
-    Outside torchrun (``--nproc N``) it re-launches the same command under torchrun
-    (one machine) with the run directory fixed, and waits; torchrun and the ranks
-    die with the launcher (PR_SET_PDEATHSIG), and a SIGINT or SIGTERM the launcher
-    gets goes to the ranks (``run_launcher``). Inside torchrun it joins the job, checks that every rank
+    Outside a job (``--nproc N``) it checks what a job of N processes cannot run (one line, exit 2, before
+    any rank starts), then starts the same command as N local ranks with the run directory fixed, and
+    waits (``run_local_job``): the ranks die with the launcher (PR_SET_PDEATHSIG), a SIGINT, SIGTERM or
+    SIGHUP the launcher gets goes to the ranks, a rank that dies takes the others down in one line, and
+    the ranks' one-line errors are printed once. Inside a job it joins it, checks that every rank
     has the same config, rank 0 claims the run directory, and every rank trains;
     rank 0 reports. A lost rank ends every other rank with one line naming it and
     exit status 3; a config or run-directory error ends every rank with exit 2.
     """
-    from tierec.distributed.config_check import check_same_config
+    from tierec.distributed.config_check import check_job_config, check_same_config
     from tierec.distributed.context import init_distributed, launched_by_torchrun
 
     if not launched_by_torchrun():
         if nproc <= 1:
             raise ValueError("run_train needs --nproc > 1 or a torchrun environment")
-        return run_launcher(torchrun_command(nproc, _with_run_dir(argv, run_dir)), run_dir)
+        check_job_config(cfg, nproc)
+        return run_local_job(rank_command(_with_run_dir(argv, run_dir)), nproc, run_dir, signals=GracefulStop.SIGNALS)
 
-    die_with_parent(signal.SIGKILL)  # torchrun gone (killed): so are its ranks; the run dir lock goes stale
+    die_with_parent(signal.SIGKILL)  # its parent (torchrun, or the launcher) gone: so is this rank
     # Signals are caught from here on: one during setup stops the run after its first step, with a checkpoint.
     with GracefulStop(announce=os.environ.get("RANK", "0") == "0") as stop:
         ctx = init_distributed(cfg.dist, cfg.train.device, threads=cfg.train.threads)
@@ -68,9 +71,11 @@ def run_train(
                 summary = train_in_job(ctx, cfg, Path(shared[0]), resume=resume, stop=stop)
         except (ConfigError, CheckpointError, TrainingDiverged, Interrupted) as e:
             # the same on every rank: exit without tearing down the group (it can block)
-            if ctx.is_main or not isinstance(e, Interrupted):
-                prefix = "tierec: " if isinstance(e, Interrupted) else "tierec: error: "
-                print(f"{prefix}{e}", file=sys.stderr, flush=True)
+            if isinstance(e, Interrupted):
+                if ctx.is_main:
+                    print(f"tierec: {e}", file=sys.stderr, flush=True)
+            else:
+                report_error(f"tierec: error: {e}")
             sys.stdout.flush()
             os._exit(interrupted_status(e) if isinstance(e, Interrupted) else 2)
     ctx.close()
@@ -102,9 +107,6 @@ def _claimed(ctx: DistContext, run_dir: Path, *, resume: bool, overwrite: bool) 
         yield
 
 
-LOST_RANK_STATUS = 3
-
-
 def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool, stop: GracefulStop | None = None) -> dict:
     """Train as one rank of a running job; a lost peer ends this process with exit status 3."""
     from tierec.distributed.health import RankLostError
@@ -115,7 +117,7 @@ def train_in_job(ctx: DistContext, cfg: Config, run_dir: Path, *, resume: bool, 
     try:
         summary = trainer.fit()
     except RankLostError as e:
-        print(f"tierec: error: rank {ctx.rank}: {e}", file=sys.stderr, flush=True)
+        report_error(f"tierec: error: rank {ctx.rank}: {e}")
         sys.stdout.flush()
         os._exit(LOST_RANK_STATUS)  # the process group is broken; its teardown could block
     trainer.close()

@@ -1,9 +1,13 @@
 """Stopping a run without losing it: interrupts and a diverged loss.
 
-``GracefulStop`` turns SIGINT and SIGTERM (what schedulers send before they
-kill) into a request the training loop reads after each step: it finishes the
-step, writes a checkpoint and ends with ``Interrupted`` (exit status 130 for
-SIGINT, 143 for SIGTERM). A second signal ends the process at once.
+``GracefulStop`` turns SIGINT, SIGTERM (what schedulers send before they
+kill) and SIGHUP (a closed terminal or ssh session) into a request the
+training loop reads after each step: it finishes the step, writes a
+checkpoint and ends with ``Interrupted`` (exit status 130 for SIGINT, 143 for
+SIGTERM, 129 for SIGHUP). A second signal ends the process at once. A signal
+the process was started ignoring (``nohup``) stays ignored. On a SIGHUP,
+stdout and stderr that are a terminal that hung up go to /dev/null: every
+write to it fails, and must not end the run before its checkpoint.
 ``TrainingDiverged`` is raised for a NaN or infinite loss under
 ``train.nan_policy = "stop"``; the last checkpoint stays, so the run resumes.
 
@@ -37,9 +41,9 @@ class TrainingDiverged(RuntimeError):
 
 
 class GracefulStop:
-    """Record the first SIGINT / SIGTERM for the loop to act on; exit at once on the second."""
+    """Record the first SIGINT / SIGTERM / SIGHUP for the loop to act on; exit at once on the second."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, *, announce: bool = True) -> None:
         self.requested: int | None = None
@@ -51,19 +55,37 @@ class GracefulStop:
             self._say(f"tierec: second {signal.Signals(signum).name}: stopping now\n")
             os._exit(128 + signum)
         self.requested = signum
+        if signum == signal.SIGHUP:
+            drop_hung_up_output()
         self._say(f"tierec: {signal.Signals(signum).name}: finishing this step and saving a checkpoint (again to stop at once)\n")
 
     def _say(self, line: str) -> None:
         if self.announce:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except OSError:  # a hung-up terminal
+                pass
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
         self._old = {}
+
+
+def drop_hung_up_output() -> None:
+    """Point stdout and stderr at /dev/null where they are a terminal that hung up (every write fails, EIO)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                os.write(fd, b"")  # 0 bytes: nothing for a file, a pipe or a live terminal; EIO for a hung-up one
+            except OSError:
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

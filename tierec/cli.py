@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
-    from tierec.errors import DiskFullError
+    from tierec.errors import DiskFullError, DiskTierError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
     from tierec.train.stopping import Interrupted, TrainingDiverged
@@ -372,7 +372,7 @@ def _main(argv: list[str] | None) -> int:
             return args.func(args, rest)
         return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
-            TrainingDiverged, DiskFullError) as e:  # fmt: skip
+            TrainingDiverged, DiskFullError, DiskTierError) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:

@@ -370,7 +370,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64)))
+            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64), lids[on_disk]))
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
@@ -454,7 +454,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         h = np.flatnonzero((cs < 0) & (loc == LOC_HOST))
         out[h] = self.host.read(d.home[lids[h]]) if h.size else out[h]
         k = np.flatnonzero((cs < 0) & (loc == LOC_DISK))
-        out[k] = self.disk.read(d.home[lids[k]]) if k.size else out[k]
+        out[k] = self.disk.read(d.home[lids[k]], lids[k]) if k.size else out[k]
         return out
 
     def free_rows(self, lids: np.ndarray) -> None:

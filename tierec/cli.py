@@ -22,6 +22,9 @@ import os
 import re
 import sys
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
@@ -368,9 +371,10 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc N` re-launches with them
     try:
-        if getattr(args, "passthrough", False):
-            return args.func(args, rest)
-        return args.func(args)
+        with one_line_warnings():
+            if getattr(args, "passthrough", False):
+                return args.func(args, rest)
+            return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
             TrainingDiverged, DiskFullError, DiskTierError) as e:  # fmt: skip
         print(f"tierec: error: {e}", file=sys.stderr)
@@ -387,6 +391,28 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"tierec: error: {message}", file=sys.stderr)
         return 2
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """tierec's own warnings (malformed rows skipped, ignored settings) as one line each: ``tierec: warning: ...``.
+
+    Python's default shows the source file, line and code that warned, which
+    tells a user of the command nothing; other libraries' warnings keep it.
+    """
+    package = Path(__file__).resolve().parent
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings' hook
+        if not Path(filename).resolve().is_relative_to(package):
+            shown(message, category, filename, lineno, file, line)
+            return
+        text = " ".join(str(message).split())
+        print(f"tierec: warning: {text}", file=sys.stderr if file is None else file)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def resource_error(e: BaseException) -> str | None:

@@ -99,7 +99,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
         if self.capacity < 1:
             raise CacheCapacityError(
-                f"store.cache_size {format_size(spec.cache_bytes)} holds no row of {4 * self.record_width} bytes"
+                f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Fast tier: [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
@@ -267,7 +267,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         if lids.size > self.capacity:
             raise CacheCapacityError(
                 f"a batch needs {lids.size} rows of tables {[t.name for t in self.tables]} resident together, but "
-                f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise store.cache_size "
+                f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise {self.spec.cache_key} "
                 f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
             )
         if miss.size:
@@ -296,7 +296,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
-                f"{required} more while {pinned} are pinned by batches in flight: raise store.cache_size "
+                f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
             )
         self._write_back(slots[hotness.lowest(scores, min(wanted, slots.size))])

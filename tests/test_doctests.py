@@ -19,7 +19,7 @@ STORE = [
     "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers",
 ]  # fmt: skip
 
-CORE = ["tierec.errors", "tierec.train.stopping"]
+CORE = ["tierec.errors", "tierec.train.stopping", "tierec.train.memory", "tierec.train.preflight"]
 
 
 @pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)

@@ -85,6 +85,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
         check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # before anything is written
     preflight(cfg)
+    if not _launched_by_torchrun():  # the launcher counts for all its processes; its ranks do not count again
+        from tierec.train.memory import check_memory, training_estimate
+
+        check_memory(training_estimate(cfg, processes=args.nproc), device=cfg.train.device)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.train.launch import run_train
 
@@ -195,12 +199,24 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
     cfg: Config = from_dict(Config, cfg_dict)
     preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
     probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
+    _check_restore_memory(cfg, probe, ckpt)
     parts = Components.build(cfg, probe.feature_names, probe.n_dense)
     if loaded is None:
         restore_state(parts, tensors, meta["state"])
     else:
         restore_checkpoint(parts, loaded)
     return cfg, parts
+
+
+def _check_restore_memory(cfg: Config, probe, ckpt) -> None:
+    """The memory preflight of eval and predict: the run's model, batches and store, and the checkpoint's rows in memory."""
+    from tierec.train.memory import MemoryPart, check_memory, estimate_memory
+
+    estimate = estimate_memory(cfg, list(probe.feature_names), probe.n_dense)
+    if not cfg.store.enabled:  # (tiered rows stay within the store's budget)
+        rows = sum(p.stat().st_size for p in Path(ckpt).glob("rows-*.safetensors"))
+        estimate = estimate.plus(MemoryPart(f"embedding rows of {ckpt}", ("the checkpoint",), rows))
+    check_memory(estimate, device=cfg.train.device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -20,7 +20,8 @@ STORE = [
 ]  # fmt: skip
 
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
-        "tierec.train.readlock", "tierec.train.integrity"]
+        "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
+        "tierec.train.preflight"]
 
 
 @pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)

@@ -22,7 +22,9 @@ import os
 import re
 import sys
 import time
-from contextlib import ExitStack
+import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
@@ -84,6 +86,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         # before anything is written: no file it will write is a link or a file of the user's
         check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, writes=files_written(cfg))
     preflight(cfg)
+    if not _launched_by_torchrun():  # the launcher counts for all its processes; its ranks do not count again
+        from tierec.train.memory import check_memory, training_estimate
+
+        check_memory(training_estimate(cfg, processes=args.nproc), device=cfg.train.device)
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.train.launch import run_train
 
@@ -195,12 +201,24 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
         cfg: Config = from_dict(Config, cfg_dict)
         preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
         probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
+        _check_restore_memory(cfg, probe, ckpt)
         parts = Components.build(cfg, probe.feature_names, probe.n_dense)
         if loaded is None:
             restore_state(parts, tensors, meta["state"])
         else:
             restore_checkpoint(parts, loaded)
     return cfg, parts
+
+
+def _check_restore_memory(cfg: Config, probe, ckpt) -> None:
+    """The memory preflight of eval and predict: the run's model, batches and store, and the checkpoint's rows in memory."""
+    from tierec.train.memory import MemoryPart, check_memory, estimate_memory
+
+    estimate = estimate_memory(cfg, list(probe.feature_names), probe.n_dense)
+    if not cfg.store.enabled:  # (tiered rows stay within the store's budget)
+        rows = sum(p.stat().st_size for p in Path(ckpt).glob("rows-*.safetensors"))
+        estimate = estimate.plus(MemoryPart(f"embedding rows of {ckpt}", ("the checkpoint",), rows))
+    check_memory(estimate, device=cfg.train.device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -365,7 +383,7 @@ def _main(argv: list[str] | None) -> int:
     apply_omp_wait_policy(os.environ)
     from tierec.data.errors import DataError
     from tierec.distributed.local_job import report_error
-    from tierec.errors import DiskFullError
+    from tierec.errors import DiskFullError, DiskTierError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
     from tierec.train.stopping import Interrupted, TrainingDiverged
@@ -376,11 +394,12 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # `train --nproc N` starts its ranks with them
     try:
-        if getattr(args, "passthrough", False):
-            return args.func(args, rest)
-        return args.func(args)
+        with one_line_warnings():
+            if getattr(args, "passthrough", False):
+                return args.func(args, rest)
+            return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
-            TrainingDiverged, DiskFullError) as e:  # fmt: skip
+            TrainingDiverged, DiskFullError, DiskTierError) as e:  # fmt: skip
         report_error(f"tierec: error: {e}")
         return 2
     except Interrupted as e:
@@ -395,6 +414,28 @@ def _main(argv: list[str] | None) -> int:
             raise
         report_error(f"tierec: error: {message}")
         return 2
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """tierec's own warnings (malformed rows skipped, ignored settings) as one line each: ``tierec: warning: ...``.
+
+    Python's default shows the source file, line and code that warned, which
+    tells a user of the command nothing; other libraries' warnings keep it.
+    """
+    package = Path(__file__).resolve().parent
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings' hook
+        if not Path(filename).resolve().is_relative_to(package):
+            shown(message, category, filename, lineno, file, line)
+            return
+        text = " ".join(str(message).split())
+        print(f"tierec: warning: {text}", file=sys.stderr if file is None else file)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def resource_error(e: BaseException) -> str | None:

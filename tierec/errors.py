@@ -3,11 +3,13 @@
 A leaf module: it imports nothing of tierec, so any module may raise these
 without an import cycle.
 
->>> from tierec.errors import ConfigError, DiskFullError
+>>> from tierec.errors import ConfigError, DiskFullError, DiskTierError
 >>> str(ConfigError("store.cache_size: 'x' is not a size"))
 "store.cache_size: 'x' is not a size"
 >>> str(DiskFullError("/data/rows", 4096, 0, what="the disk tier's rows in"))
 "disk full: the disk tier's rows in /data/rows: a write of 4,096 bytes did not fit (0 bytes free there); free space there, then continue with --resume (the last complete checkpoint is intact)"
+>>> str(DiskTierError("/data/tierec-x.rows", "a read of 4,096 bytes at offset 0 came back short (0 bytes)"))
+'the disk tier file /data/tierec-x.rows: a read of 4,096 bytes at offset 0 came back short (0 bytes); its rows are lost; continue with --resume (the last complete checkpoint is intact)'
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         free = "free space unknown" if self.free is None else f"{self.free:,} bytes free there"
         return f"disk full: {self.what} {self.filename}: a write of {self.needed:,} bytes did not fit ({free}); {self.hint}"
+
+
+class DiskTierError(RuntimeError):
+    """The disk tier's file lost or changed rows (a short read or write, a truncated file): one line naming it.
+
+    Its rows cannot be trusted any more, so the run stops without saving them;
+    ``--resume`` continues from the last complete checkpoint.
+    """
+
+    HINT = "its rows are lost; continue with --resume (the last complete checkpoint is intact)"
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"the disk tier file {path}: {problem}; {self.HINT}")
+        self.path = path
 
 
 def is_disk_full(e: BaseException) -> bool:

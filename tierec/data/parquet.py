@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from tierec.data.blocks import RowBlock
 from tierec.data.columns import BlockParser
 from tierec.data.errors import DataError, ProblemReport, strict_error
-from tierec.data.schema import Schema
+from tierec.data.schema import Schema, require_unique_columns
 
 BATCH_ROWS = 65536  # rows per Arrow record batch read
 
@@ -63,6 +63,7 @@ class ParquetFile:
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{display}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
         names = meta.schema_arrow.names
+        require_unique_columns(names, display, "its schema")
         if label_optional and schema.label not in names:
             schema = schema.without_label()
         absent = [c for c in schema.needed if c not in names]

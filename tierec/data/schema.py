@@ -68,6 +68,23 @@ class Schema:
         return _DELIMITER_NAMES.get(self.delimiter, repr(self.delimiter))
 
 
+def require_unique_columns(names: list[str] | tuple[str, ...], display: str, where: str) -> None:
+    """A DataError naming the first column name that ``where`` (the header, data.schema.columns) repeats.
+
+    Readers pick columns by name, so a repeated name would silently feed one of them.
+
+    >>> require_unique_columns(["label", "user", "user", "item"], "f.csv", "its header")
+    Traceback (most recent call last):
+    ...
+    tierec.data.errors.DataError: f.csv: its header names column 'user' twice (fields 2 and 3); column names must be unique
+    """
+    first: dict[str, int] = {}
+    for i, name in enumerate(names, 1):
+        if name in first:
+            raise DataError(f"{display}: {where} names column {name!r} twice (fields {first[name]} and {i}); column names must be unique")
+        first[name] = i
+
+
 def criteo_schema(header: bool = False, delimiter: str = "\t") -> Schema:
     """The Criteo preset (hex ids folded with the feature index, log1p dense)."""
     return Schema(

@@ -36,7 +36,7 @@ from tierec.data.blocks import RowBlock
 from tierec.data.columns import BlockParser
 from tierec.data.errors import DataError, ProblemReport, strict_error
 from tierec.data.loader import prefetch
-from tierec.data.schema import Schema
+from tierec.data.schema import Schema, require_unique_columns
 from tierec.paths import quote
 
 _SCAN_CHUNK = 1 << 26  # bytes per newline-counting step
@@ -76,6 +76,24 @@ class LineIndex:
         pos = np.flatnonzero(mm[start : start + _SCAN_CHUNK] == 10)[line0 - before - 1]
         return start + int(pos) + 1
 
+    def first_longer(self, path: Path, line0: int, end: int, limit: int) -> int | None:
+        """0-based number of the first line from ``line0`` (before byte ``end``) longer than ``limit`` bytes."""
+        assert limit <= _SCAN_CHUNK  # a chunk without a newline then holds part of such a line
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        pos, line = self.offset_of(path, line0), line0  # pos: where line ``line`` starts
+        while pos < end:
+            stop = min(pos + _SCAN_CHUNK, end)
+            newlines = pos + np.flatnonzero(mm[pos:stop] == 10)
+            if newlines.size == 0:
+                return line if stop - pos > limit else None  # (stop < pos + chunk: the file's last line)
+            starts = np.concatenate([[pos], newlines[:-1] + 1])
+            long = np.flatnonzero(newlines + 1 - starts > limit)
+            if long.size:
+                return line + int(long[0])
+            line += newlines.size
+            pos = int(newlines[-1]) + 1
+        return None
+
 
 @dataclass(frozen=True)
 class TextFile:
@@ -107,12 +125,14 @@ class TextFile:
         if schema.header:
             with p.open("rb") as fh:
                 names = _header_names(fh.readline(), schema, display)
+            require_unique_columns(names, display, "its header")
             if index.n_lines <= 1:
                 raise DataError(f"{display}: file has a header but no data rows")
             if label_optional and schema.label not in names:
                 schema = schema.without_label()
         else:
             names = schema.columns
+            require_unique_columns(names, display, "data.schema.columns")
             if label_optional and schema.label in names:  # one field fewer than the schema's columns: no label
                 with p.open("rb") as fh:
                     fields = len(_header_names(fh.readline(), schema, display))
@@ -128,8 +148,8 @@ class TextFile:
         """Well-formed rows of data lines ``first..stop-1`` (0-based, header excluded).
 
         pyarrow stops at a row it cannot even decode (bad UTF-8 with the wrong
-        field count); such a row is counted like any malformed row, and reading
-        goes on after it.
+        field count) and at a line longer than its block (``block_bytes``); such
+        a row is counted like any malformed row, and reading goes on after it.
         """
         head = 1 if self.schema.header else 0
         _quiet_undecodable_rows()
@@ -137,12 +157,11 @@ class TextFile:
             try:
                 yield from self._segment(first, stop, report, strict, block_bytes)
                 return
-            except _UndecodableRow as u:
+            except _UnreadableRow as u:
                 resume = u.resume_line - head - 1  # 0-based data lines
                 bad = min(max(u.line - head - 1, resume), stop - 1)  # (after rows joined by a quote, only roughly)
                 yield from self.blocks(resume, bad, report, strict, block_bytes)  # its block's rows before it
-                _report([(u.line, f"not valid UTF-8 text, and not {len(self.names)} fields")], report, strict, self.display,
-                        BlockParser(self.schema), None)  # fmt: skip
+                _report([(u.line, u.why)], report, strict, self.display, BlockParser(self.schema), None)
                 first = bad + 1
 
     def _segment(self, first: int, stop: int, report: ProblemReport, strict: bool, block_bytes: int) -> Iterator[RowBlock]:
@@ -197,7 +216,13 @@ class TextFile:
         except pa.ArrowInvalid as e:
             m = _STOPPED_AT.search(str(e))
             if m:
-                raise _UndecodableRow(first + head + int(m.group(1)), tracker.next_line, str(e)[:200]) from None
+                raise _UnreadableRow(first + head + int(m.group(1)), tracker.next_line,
+                                     f"not valid UTF-8 text, and not {expected} fields") from None
+            long = self.index.first_longer(self.path, tracker.next_line - 1, end, block_bytes) if _STRADDLES in str(e) else None
+            if long is not None:  # a line longer than pyarrow's block: that line is the malformed row
+                length = self.index.offset_of(self.path, long + 1) - self.index.offset_of(self.path, long)
+                raise _UnreadableRow(long + 1, tracker.next_line,
+                                     f"a line of {length:,} bytes, longer than the reader's block of {block_bytes:,} bytes") from None
             raise DataError(f"{self.display}: {quote(str(e).splitlines()[0], 160)}") from None
         finally:
             batches.close()
@@ -232,6 +257,7 @@ def _refuse_binary(p: Path, display: str) -> None:
 
 
 _STOPPED_AT = re.compile(r"^CSV parse error: Row #(\d+): Expected \d+ columns")
+_STRADDLES = "straddling object straddles two block boundaries"  # pyarrow: a row longer than its block
 
 
 def _drop_undecodable_row_noise(hook: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -251,13 +277,14 @@ def _quiet_undecodable_rows() -> None:
         sys.unraisablehook = _drop_undecodable_row_noise(sys.unraisablehook)
 
 
-class _UndecodableRow(Exception):
-    """pyarrow stopped at a row it could not decode (bad UTF-8 and the wrong field count)."""
+class _UnreadableRow(Exception):
+    """pyarrow stopped at a row it could not read (bad UTF-8 and the wrong field count, a line longer than its block)."""
 
-    def __init__(self, line: int, resume_line: int, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, line: int, resume_line: int, why: str) -> None:
+        super().__init__(why)
         self.line = line  # 1-based file line of the row
         self.resume_line = resume_line  # 1-based file line of the first row not yet handed out
+        self.why = why  # the malformed row's problem
 
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:

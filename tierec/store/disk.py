@@ -20,12 +20,18 @@ Where O_DIRECT is refused (tmpfs), reads are buffered, readahead is turned
 off and each read's pages are dropped at once.
 
 The file is unlinked as soon as it is opened: it disappears with the process.
+Every read and write checks its byte count, the file's size is checked
+against what was written before each batch of reads or writes, and every
+record read must carry the row id it was written with (when the caller names
+it): a file truncated or changed from outside (through ``/proc/PID/fd``) is a
+one-line :class:`~tierec.errors.DiskTierError` naming the file, never rows of
+zeros.
 
 >>> import numpy as np, tempfile
 >>> from tierec.store.disk import DiskTier
 >>> d = DiskTier(tempfile.gettempdir(), width=2, segment_rows=4)
 >>> slots = d.append(np.array([10, 11, 12]), np.arange(6, dtype=np.float32).reshape(3, 2))
->>> d.read(slots[::-1]).tolist()
+>>> d.read(slots[::-1], lids=np.array([12, 11, 10])).tolist()
 [[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]]
 >>> d.free(slots[:1]); d.live_rows
 2
@@ -42,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba as nb
 import numpy as np
 
-from tierec.errors import DiskFullError, free_bytes, is_disk_full
+from tierec.errors import DiskFullError, DiskTierError, free_bytes, is_disk_full
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _pread = _LIBC.pread
@@ -193,6 +199,7 @@ class DiskTier:
         self.live_rows = 0
         self.bytes_read = 0
         self.bytes_written = 0
+        self._extent = 0  # bytes of the file written so far: it may not be shorter
         self._pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------- sizes
@@ -227,6 +234,7 @@ class DiskTier:
         slots = np.empty(n, dtype=np.int64)
         if n == 0:
             return slots
+        self._check_size()  # a write past a truncated end would leave a hole that reads as zeros
         buf = np.empty((n, self.rec_floats), dtype=np.float32)
         buf[:, 0] = lids.astype(np.int32).view(np.float32)
         buf[:, 1:] = records
@@ -252,7 +260,10 @@ class DiskTier:
         done = 0
         try:
             while done < len(view):
-                done += os.pwrite(self.fd, view[done:], offset + done)
+                wrote = os.pwrite(self.fd, view[done:], offset + done)
+                if wrote <= 0:
+                    raise DiskTierError(self.path, f"a write of {len(view):,} bytes at offset {offset:,} stopped after {done:,} bytes")
+                done += wrote
             if self.drop_cache_after_io:  # written back now (one sequential write)
                 os.fdatasync(self.fd)
         except OSError as e:  # a full disk: one line naming the directory and the bytes (tierec.errors)
@@ -263,6 +274,7 @@ class DiskTier:
                     "then continue with --resume (the last complete checkpoint is intact)")
             raise DiskFullError(where, len(view) - done, free_bytes(where), what="the disk tier's rows in", hint=hint) from None
         self.bytes_written += len(view)
+        self._extent = max(self._extent, offset + len(view))
         if self.drop_cache_after_io:  # then dropped from the page cache
             lo = offset - offset % _PAGE
             os.posix_fadvise(self.fd, lo, offset + len(view) - lo, os.POSIX_FADV_DONTNEED)
@@ -282,9 +294,30 @@ class DiskTier:
 
     # ------------------------------------------------------------- reads
 
-    def read(self, slots: np.ndarray) -> np.ndarray:
-        """Payloads [n, W] of the records at ``slots`` (any order; duplicates allowed)."""
-        return self._read_full(slots)[:, 1:]
+    def read(self, slots: np.ndarray, lids: np.ndarray | None = None) -> np.ndarray:
+        """Payloads [n, W] of the records at ``slots`` (any order; duplicates allowed).
+
+        With ``lids`` (the rows written there), each record's header must name its row.
+        """
+        full = self._read_full(slots)
+        if lids is not None:
+            self._check_lids(np.asarray(slots, dtype=np.int64), full[:, 0].copy().view(np.int32), np.asarray(lids))
+        return full[:, 1:]
+
+    def _check_lids(self, slots: np.ndarray, got: np.ndarray, lids: np.ndarray) -> None:
+        bad = np.flatnonzero(got != lids.astype(np.int32))
+        if bad.size:
+            i = int(bad[0])
+            raise DiskTierError(self.path, f"{bad.size:,} record(s) read back are not the rows written there "
+                                           f"(slot {int(slots[i]):,} holds row {int(got[i])}, row {int(lids[i])} was written): "
+                                           "the file was changed outside tierec")
+
+    def _check_size(self) -> None:
+        """The file still holds every byte written to it (truncated from outside, a read would come back short or zero)."""
+        size = os.fstat(self.fd).st_size
+        if size < self._extent:
+            raise DiskTierError(self.path, f"it holds {size:,} bytes where {self._extent:,} were written: "
+                                           "it was truncated outside tierec")
 
     def _read_full(self, slots: np.ndarray) -> np.ndarray:  # [n, 1 + W] with the lid header
         slots = np.asarray(slots, dtype=np.int64)
@@ -292,6 +325,7 @@ class DiskTier:
         out = np.empty((n, self.rec_floats), dtype=np.float32)
         if n == 0:
             return out
+        self._check_size()
         order = np.argsort(slots, kind="stable")
         srt = slots[order]
         uniq, first = np.unique(srt, return_index=True)
@@ -299,12 +333,15 @@ class DiskTier:
         run_slot, run_len, run_dst = _runs(uniq)
         chunks = self._split(run_len)
         status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
+        if min(status) < 0:
+            self._check_size()  # truncated meanwhile: say so
         if min(status) < 0 and self.dfd >= 0:  # O_DIRECT refused at read time: buffered from now on
             os.close(self.dfd)
             self.dfd = -1
             status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
         if min(status) < 0:
-            raise OSError(f"short read from the disk tier file {self.path}")
+            self._check_size()
+            raise DiskTierError(self.path, f"a read of {buf.nbytes:,} bytes ({uniq.shape[0]:,} records) came back short")
         self.bytes_read += buf.nbytes
         dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
         out[order] = buf[dup]

@@ -100,7 +100,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
         if self.capacity < 1:
             raise CacheCapacityError(
-                f"store.cache_size {format_size(spec.cache_bytes)} holds no row of {4 * self.record_width} bytes"
+                f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Fast tier: [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
@@ -270,7 +270,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         if lids.size > self.capacity:
             raise CacheCapacityError(
                 f"a batch needs {lids.size} rows of tables {[t.name for t in self.tables]} resident together, but "
-                f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise store.cache_size "
+                f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise {self.spec.cache_key} "
                 f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
             )
         if miss.size:
@@ -299,7 +299,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
-                f"{required} more while {pinned} are pinned by batches in flight: raise store.cache_size "
+                f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
             )
         self._write_back(slots[hotness.lowest(scores, min(wanted, slots.size))])
@@ -373,7 +373,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64)))
+            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64), lids[on_disk]))
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
@@ -457,7 +457,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         h = np.flatnonzero((cs < 0) & (loc == LOC_HOST))
         out[h] = self.host.read(d.home[lids[h]]) if h.size else out[h]
         k = np.flatnonzero((cs < 0) & (loc == LOC_DISK))
-        out[k] = self.disk.read(d.home[lids[k]]) if k.size else out[k]
+        out[k] = self.disk.read(d.home[lids[k]], lids[k]) if k.size else out[k]
         return out
 
     def free_rows(self, lids: np.ndarray) -> None:

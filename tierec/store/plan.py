@@ -32,7 +32,7 @@ import numpy as np
 from tierec.config import Config, ConfigError, StoreConfig
 from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig, tables_from_config
-from tierec.sizes import parse_size
+from tierec.sizes import format_size, parse_size
 from tierec.store.spec import TierSpec
 
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
@@ -110,6 +110,14 @@ class StorePlan:
             return parse_size(text, f"{where}.{key}")
 
         budget, cache, host = pick("memory_budget"), pick("cache_size"), pick("host_size")
+        if budget == 0:
+            raise ConfigError(f"{where}.memory_budget is 0: the tiers need room for some rows; give a size "
+                              "(e.g. '256MiB'), or \"\" for no bound")
+        row = max(record_bytes(t) for t in tables)
+        if cache is None and budget is not None and int(budget // 4 * share) < row:
+            raise ConfigError(f"{where}.memory_budget {format_size(budget)} is too small: its fast tier (a quarter, "
+                              f"{format_size(int(budget // 4 * share))} for these tables) holds no row of {row} bytes")
+        given_cache = cache is not None or budget is None
         if cache is None:
             cache = budget // 4 if budget is not None else DEFAULT_CACHE
         if budget is not None:
@@ -143,6 +151,7 @@ class StorePlan:
             sketch_depth=cfg.sketch_depth,
             io_threads=cfg.io_threads,
             drop_page_cache=cfg.drop_page_cache,
+            cache_key=f"{where}.cache_size" + ("" if given_cache else f" (a quarter of {where}.memory_budget unless set)"),
         )
 
 

@@ -126,7 +126,7 @@ class Policies:
         if up.size == 0:
             return
         ds = d.home[up]
-        recs = self.disk.read(ds)
+        recs = self.disk.read(ds, up)
         self.disk.free(ds)
         hs = self.host.alloc(up.size)
         self.host.write(hs, recs)

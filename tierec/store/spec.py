@@ -62,6 +62,7 @@ class TierSpec:
     io_threads: int = 8  # concurrent disk reads
     drop_page_cache: bool = True  # drop the table file's pages after each I/O
     disk_segment_rows: int = 1 << 16  # records per disk segment (the unit of compaction)
+    cache_key: str = "store.cache_size"  # the setting cache_bytes comes from, as messages name it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))

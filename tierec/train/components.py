@@ -26,6 +26,7 @@ from tierec.models import CTRModel, build_model, has_first_order
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
 from tierec.store.plan import StorePlan
+from tierec.train.memory import check_memory, estimate_memory
 from tierec.train.precision import DenseStep
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
@@ -45,6 +46,7 @@ class Components:
     @staticmethod
     def build(cfg: Config, feature_names: list[str] | tuple[str, ...], n_dense: int) -> Components:
         seed, device = cfg.train.seed, cfg.train.device
+        check_memory(estimate_memory(cfg, list(feature_names), n_dense), device=device)  # before allocating anything
         torch.manual_seed(seed)
         # Pruning stores the main tables as chunks; the dim-1 first-order tables are never pruned (a row of
         # one dim has no trailing chunk to drop, and a bias costs 1/dim of its id's embedding).

@@ -9,17 +9,19 @@ pseudo file system. Each is a one-line ConfigError naming the key.
 >>> preflight(load_config(None, ["store.enabled=true", "store.disk_path=/proc/x"]))
 Traceback (most recent call last):
 ...
-tierec.config.ConfigError: store.disk_path /proc/x is on a pseudo file system (/proc); give a directory on a disk
+tierec.errors.ConfigError: store.disk_path /proc/x is on a pseudo file system (/proc); give a directory on a disk
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
-from tierec.config import Config, ConfigError
+from tierec.config import Config, ConfigError, StoreConfig
 
 _PSEUDO = ("/proc", "/sys", "/dev")
 
@@ -52,8 +54,26 @@ def check_writable_dir(path: str, key: str) -> None:
         raise ConfigError(f"{key} {path}: {existing} is not writable")
 
 
+def ignored_store_keys(store: StoreConfig) -> list[str]:
+    """The ``store`` settings that differ from their defaults while ``store.enabled`` is false (they do nothing).
+
+    >>> ignored_store_keys(StoreConfig(memory_budget="1GiB", disk_path="/mnt/x"))
+    ['store.memory_budget', 'store.disk_path']
+    >>> ignored_store_keys(StoreConfig(enabled=True, memory_budget="1GiB"))
+    []
+    """
+    if store.enabled:
+        return []
+    default = StoreConfig()
+    return [f"store.{f.name}" for f in dataclasses.fields(store) if getattr(store, f.name) != getattr(default, f.name)]
+
+
 def preflight(cfg: Config) -> None:
-    """Raise ConfigError if ``cfg`` cannot run on this machine."""
+    """Raise ConfigError if ``cfg`` cannot run on this machine; warn of settings it ignores."""
+    ignored = ignored_store_keys(cfg.store)
+    if ignored:
+        warnings.warn(f"store.enabled is false, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
+                      "(set store.enabled=true to tier the embedding tables)", stacklevel=2)
     check_device(cfg.train.device)
     if cfg.train.tensorboard:
         from tierec.train.tensorboard import require_tensorboard

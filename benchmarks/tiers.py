@@ -5,7 +5,7 @@
     python -m benchmarks.tiers --which memory    # resident memory of a table 4x its budget (fresh process)
     python -m benchmarks.tiers --which all --out runs/bench/tiers.json
 
-Every figure of docs/performance.md "Tiered storage" comes from these commands.
+Every figure of docs/performance.md "Tables beyond memory" comes from these commands.
 
 >>> from benchmarks.tiers import main
 >>> main(["--which", "hitrate", "--batches", "4", "--batch", "64", "--scale", "0.0005", "--fractions", "0.5", "--quiet"])

@@ -158,8 +158,17 @@ class DataConfig:
     # A separate test file (overrides the split).
     test_source: str = ""
     prefetch_batches: int = 4  # background loader queue depth
+    # Dense features (after their transform) are standardised by the model's first layer with the mean and
+    # standard deviation of the training split's first `dense_stats_rows` rows (0 = all); a constant column is
+    # dropped. "none" feeds them as they are. The statistics are part of the model: checkpoints and exports.
+    dense_scaling: str = "standard"
+    dense_stats_rows: int = 1_000_000
 
     def __post_init__(self) -> None:
+        if self.dense_scaling not in {"standard", "none"}:
+            raise ConfigError(f"data.dense_scaling {self.dense_scaling!r} is not one of standard, none")
+        if self.dense_stats_rows < 0:
+            raise ConfigError("data.dense_stats_rows must be >= 0 (0 = the whole training split)")
         formats = {"auto", "synthetic", "criteo", "csv", "tsv", "parquet", "shards"}
         if self.format not in formats:
             raise ConfigError(f"data.format {self.format!r} is not one of {sorted(formats)}")

@@ -3,7 +3,8 @@
 A model sees already-pooled embeddings, never ids: the embedding collection
 (tierec.embedding) owns the tables. Inputs for a batch of ``B`` samples:
 
-- ``dense``: ``[B, n_dense]`` float32 dense features;
+- ``dense``: ``[B, n_dense]`` float32 dense features, standardised first by
+  ``self.dense_scale`` (identity until the trainer fits it: tierec.models.scaling);
 - ``emb``: ``[B, F, D]`` the pooled embedding of each of the ``F`` sparse features;
 - ``wide``: ``[B, F]`` pooled first-order (dim-1) embeddings, or ``None``.
 
@@ -31,6 +32,8 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from tierec.models.scaling import DenseScaler
+
 # Bias of the final logit at initialisation: logit(0.25), near Criteo's click rate,
 # so the first steps are not spent learning the base rate.
 PRIOR_POSITIVE_RATE = 0.25
@@ -50,6 +53,7 @@ class CTRModel(nn.Module):
         self.n_sparse = n_sparse
         self.dim = dim
         self.uses_wide = first_order or self.first_order_by_design
+        self.dense_scale = DenseScaler(n_dense)  # the first layer on `dense`: the training split's statistics
 
     def first_order(self, wide: Tensor | None) -> Tensor | float:  # -> [B], or 0.0 without first-order terms
         """The sum of the ids' first-order weights, the part of the logit that is a per-id bias."""

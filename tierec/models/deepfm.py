@@ -43,6 +43,7 @@ class DeepFM(CTRModel):
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
+        dense = self.dense_scale(dense)
         first = self.first_order(wide)  # [B]
         fields = emb  # [B, F, D]
         if self.dense_first_order is not None and self.dense_field is not None:

@@ -45,6 +45,7 @@ class DLRM(CTRModel):
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
+        dense = self.dense_scale(dense)
         if self.bottom is None:
             constant = self.constant.to(emb.dtype).expand(emb.shape[0], 1, -1)  # [B, 1, D]
             top_in = self.interaction(torch.cat([constant, emb], dim=1))  # [B, (F + 1) F / 2]

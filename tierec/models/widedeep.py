@@ -35,6 +35,7 @@ class WideDeep(CTRModel):
 
     def forward(self, dense: Tensor, emb: Tensor, wide: Tensor | None = None) -> Tensor:
         self.check_inputs(dense, emb, wide)
+        dense = self.dense_scale(dense)
         wide_logit = self.first_order(wide)  # [B]
         if self.wide_dense is not None:
             wide_logit = wide_logit + self.wide_dense(dense).squeeze(1)

@@ -40,6 +40,7 @@ from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
+from tierec.train.dense_stats import fit_dense_scaling
 from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
@@ -304,6 +305,7 @@ class Trainer:
     def _build(self, probe) -> Components:
         """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
         parts = Components.build(self.job.process_config(), probe.feature_names, probe.n_dense)
+        fit_dense_scaling(self.cfg, parts.model, probe.dense_names, self.echo)  # a checkpoint, if resumed, brings its own
         parts = self.job.parallelize(parts)
         if self.job.layout():
             self.echo(self.job.layout())

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tierec.config import Config, ConfigError, from_dict, given_keys, load_config
+from tierec.config import Config, ConfigError, from_dict, given_keys, load_config, upgrade_saved
 from tierec.paths import check_no_alias
 from tierec.train.preflight import preflight
 
@@ -195,7 +195,7 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
         else:  # saved on any number of processes; rows are read a chunk at a time, the checkpoint held meanwhile
             loaded = held.enter_context(Checkpoint(checkpoint))  # a run's newest, picked again if pruned meanwhile
             meta = loaded.meta
-        cfg_dict = meta["config"]
+        cfg_dict = upgrade_saved(meta["config"])
         for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
             apply_override(cfg_dict, o)
         cfg: Config = from_dict(Config, cfg_dict)

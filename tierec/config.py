@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+CONFIG_FORMAT = 2  # see Config.format
+
 from tierec.errors import ConfigError  # re-exported: tierec.config.ConfigError
 
 
@@ -59,9 +61,10 @@ class SchemaConfig:
     """Which columns of a CSV/TSV/Parquet file are label, dense and categorical."""
 
     label: str = "label"
-    # 0 = labels must be 0 or 1 (or a probability in between); else a numeric label >= this is a click (1), below it 0,
-    # e.g. 4 for ratings 1-5. A label that is not a number, or outside [0, 1] without a threshold, is an error.
-    label_threshold: float = 0.0
+    # nan (the default: leave it unset) = labels must be 0 or 1 (or a probability in between); any other number,
+    # 0 and negatives included, is a threshold: a numeric label >= it is a click (1), below it 0, e.g. 4 for ratings
+    # 1-5, 0 for ratings -10..10. A label that is not a number, or outside [0, 1] without a threshold, is an error.
+    label_threshold: float = math.nan
     dense: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
     multi_valued: list[str] = field(default_factory=list)  # categorical columns holding several values
@@ -518,6 +521,9 @@ class DistConfig:
 
 @dataclass(kw_only=True)
 class Config:
+    # The meaning of a saved config's keys (a run's config.toml, a checkpoint's meta): 2 since
+    # data.schema.label_threshold = nan is "no threshold" (format 1 wrote 0 for it); see upgrade_saved().
+    format: int = CONFIG_FORMAT
     data: DataConfig = field(default_factory=DataConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -527,6 +533,8 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self) -> None:
+        if self.format != CONFIG_FORMAT:
+            raise ConfigError(f"format = {self.format}: this tierec reads configs of format {CONFIG_FORMAT}")
         if self.prune.enabled:
             dims = [self.embedding.dim] + [t.dim for t in self.embedding.tables if t.dim]
             for key in ("min_dim", "init_dim"):
@@ -535,6 +543,25 @@ class Config:
 
 
 # --------------------------------------------------------------------- loading
+
+
+def has_threshold(value: float) -> bool:
+    """Whether ``data.schema.label_threshold`` is a threshold (nan: labels are 0/1)."""
+    return not math.isnan(value)
+
+
+def upgrade_saved(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config that tierec wrote (a run's config.toml, a checkpoint's meta) in today's meaning of its keys.
+
+    >>> upgrade_saved({"data": {"schema": {"label_threshold": 0.0}}})["data"]["schema"]["label_threshold"]
+    nan
+    """
+    if int(saved.get("format", 1)) < 2:  # format 1 wrote label_threshold = 0 for "no threshold"
+        schema = saved.get("data", {}).get("schema", {})
+        if float(schema.get("label_threshold", 0.0)) == 0.0:
+            schema["label_threshold"] = math.nan
+    saved["format"] = CONFIG_FORMAT
+    return saved
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -615,9 +642,14 @@ def first_difference(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ..
     """The first dotted key (sorted) whose value differs between two nested dicts, or None."""
     fa, fb = flatten_dict(a), flatten_dict(b)
     for key in sorted(set(fa) | set(fb)):
-        if key not in ignore and fa.get(key) != fb.get(key):
+        if key not in ignore and not _same(fa.get(key), fb.get(key)):
             return key
     return None
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal values, nan equal to nan (an unset label_threshold)."""
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
 
 
 def _parse_value(text: str) -> Any:

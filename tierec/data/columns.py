@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tierec.config import has_threshold
 from tierec.data import kernels
 from tierec.data.blocks import RowBlock
 from tierec.data.errors import DataError
@@ -114,7 +115,7 @@ class BlockParser:
         if code == 1:
             if value in (None, ""):
                 return "label is empty"
-            if self.schema.label_threshold:
+            if has_threshold(self.schema.label_threshold):
                 return f"label {quote(value)} is not a number"
             return f"label {quote(value)} is not 0 or 1 (set data.schema.label_threshold to turn values >= it into 1)"
         if code < 2 + len(self.schema.dense):
@@ -151,7 +152,7 @@ class BlockParser:
             vals = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
         except pa.ArrowInvalid as e:
             raise DataError(f"label column {self.schema.label!r} is not numeric: {e}") from None
-        if threshold:
+        if has_threshold(threshold):
             bad = ~_valid(arr) | np.isnan(vals)
             vals = (vals >= threshold).astype(np.float64)
         else:

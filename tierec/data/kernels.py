@@ -124,10 +124,10 @@ def parse_hex(data: np.ndarray, s: int, e: int) -> tuple[int, int]:
 
 @njit(cache=True, nogil=True)
 def label_column(offsets: np.ndarray, data: np.ndarray, out: np.ndarray, err: np.ndarray, code: int, threshold: float) -> None:
-    """Labels must be numbers in [0, 1], or with ``threshold`` != 0 any number (>= threshold -> 1); ``out`` is [n] float32."""
+    """Labels must be numbers in [0, 1], or with a ``threshold`` (not nan) any number (>= threshold -> 1); ``out`` is [n] float32."""
     for i in range(out.shape[0]):
         v, st = parse_number(data, offsets[i], offsets[i + 1])
-        if st == OK and threshold != 0.0:
+        if st == OK and threshold == threshold:  # (nan: no threshold)
             v = 1.0 if v >= threshold else 0.0
         if st != OK or v < 0.0 or v > 1.0:
             if err[i] == 0:

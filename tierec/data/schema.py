@@ -13,6 +13,7 @@ tab-separated without a header for format ``"criteo"``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from tierec.config import SchemaConfig
@@ -47,7 +48,7 @@ class Schema:
     encoding: str  # "hash" | "hex"
     delimiter: str  # CSV/TSV field delimiter ("" for Parquet)
     quoting: bool  # CSV fields may be quoted
-    label_threshold: float = 0.0  # 0: labels are 0/1 (or in between); else label >= threshold is 1
+    label_threshold: float = math.nan  # nan: labels are 0/1 (or in between); else label >= threshold is 1
 
     @property
     def labeled(self) -> bool:

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tierec.config import Config, ConfigError, apply_override, first_difference, flatten_dict, from_dict, to_dict
+from tierec.config import Config, ConfigError, apply_override, first_difference, flatten_dict, from_dict, to_dict, upgrade_saved
 from tierec.train.runfiles import MARKER, RunDirError, RunFiles
 
 LOCK = ".tierec.lock"
@@ -103,7 +103,7 @@ def resume_config(run_dir: Path, config_file: str | None, overrides: list[str]) 
             f"--resume continues with {path}; drop --config (change {', '.join(SAFE_ON_RESUME[:4])}, ... with --set)"
         )
     try:
-        saved = tomllib.loads(path.read_text())
+        saved = upgrade_saved(tomllib.loads(path.read_text()))
         old = to_dict(from_dict(Config, saved))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a readable config ({e})") from None

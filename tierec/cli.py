@@ -272,8 +272,12 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 # ------------------------------------------------------------------------ parser
 
 
+CONFIG_KEYS_HELP = "Every config key, its default and meaning: docs/config.md (or python -m tierec.config_reference)."
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.")
+    parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.",
+                                     epilog=CONFIG_KEYS_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -347,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="side-by-side benchmarks against plain PyTorch, FBGEMM and TorchRec", add_help=False)
     p.set_defaults(func=cmd_bench, passthrough=True)
+    for name, command in sub.choices.items():  # every --help that takes config keys points to their reference
+        if command.epilog is None and name != "bench":
+            command.epilog = CONFIG_KEYS_HELP
     return parser
 
 

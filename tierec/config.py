@@ -60,13 +60,13 @@ class Pooling(StrEnum):
 class SchemaConfig:
     """Which columns of a CSV/TSV/Parquet file are label, dense and categorical."""
 
-    label: str = "label"
+    label: str = "label"  # the label column (0/1, or a number turned into 0/1 by label_threshold)
     # nan (the default: leave it unset) = labels must be 0 or 1 (or a probability in between); any other number,
     # 0 and negatives included, is a threshold: a numeric label >= it is a click (1), below it 0, e.g. 4 for ratings
     # 1-5, 0 for ratings -10..10. A label that is not a number, or outside [0, 1] without a threshold, is an error.
     label_threshold: float = math.nan
-    dense: list[str] = field(default_factory=list)
-    categorical: list[str] = field(default_factory=list)
+    dense: list[str] = field(default_factory=list)  # numeric columns (missing values read as 0)
+    categorical: list[str] = field(default_factory=list)  # id columns (any string or integer; hashed to 64-bit ids unless categorical_encoding says hex)
     multi_valued: list[str] = field(default_factory=list)  # categorical columns holding several values
     separator: str = "|"  # between values of a multi-valued column
     header: bool = True  # CSV/TSV: first line names the columns
@@ -102,11 +102,11 @@ class SchemaConfig:
 class SyntheticConfig:
     """The built-in Criteo-shaped synthetic data set with a planted model."""
 
-    train_rows: int = 1_000_000
-    test_rows: int = 100_000
+    train_rows: int = 1_000_000  # rows of the training stream
+    test_rows: int = 100_000  # rows of the test stream (a stream of its own, never seen in training)
     validation_rows: int = 0  # see data.validation_rows
-    seed: int = 0
-    n_dense: int = 13
+    seed: int = 0  # seed of the generator and of the planted model
+    n_dense: int = 13  # dense columns (the rest are 26 categorical ones, as Criteo)
     # Criteo Kaggle cardinalities are multiplied by this (at least 2 ids per feature).
     cardinality_scale: float = 0.01
     # Power-law exponent of id popularity (0 = uniform). At 1.3 the hottest 1% of a large
@@ -140,23 +140,23 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # Held-out split of a file: its last `test_rows` rows, or else its last `test_fraction`.
     test_rows: int = 0
-    test_fraction: float = 0.1
+    test_fraction: float = 0.1  # fraction of a file held out for test when test_rows = 0
     # Validation split (train.eval_every, early stopping, checkpoints/best): `validation_rows` rows, or else a
     # `validation_fraction` of the file, just before the test rows (tail) or by hash (synthetic data: a stream
     # of its own, data.synthetic.validation_rows). None by default; when train.eval_every asks for evaluations,
     # 10% of a file (synthetic: as many rows as its test split), written to the run's config.toml.
     validation_rows: int = 0
-    validation_fraction: float = 0.0
+    validation_fraction: float = 0.0  # fraction of a file for validation when validation_rows = 0
     # "tail": test (and validation) are the last rows of the file; "hash": each row goes to train, validation or
     # test by a stable hash of `split_key` (a categorical column, e.g. "user", so a user's rows stay together) or,
     # with split_key = "", of its row number. Fractions come from the *_fraction keys (or *_rows / file rows).
     split: str = "tail"
-    split_key: str = ""
+    split_key: str = ""  # with split = "hash": the categorical column whose value decides the split ("" = the row number)
     # Training order: chunks of `shuffle_chunk_rows` rows (file ranges, shard record batches) in a new order each
     # epoch, then a shuffle buffer of `shuffle_buffer` rows; seeded by train.seed, so a resumed run sees the same rows.
     shuffle: bool = True
-    shuffle_buffer: int = 65536
-    shuffle_chunk_rows: int = 65536
+    shuffle_buffer: int = 65536  # rows in the shuffle buffer
+    shuffle_chunk_rows: int = 65536  # rows per chunk shuffled as a whole (file ranges, shard record batches)
     strict: bool = False  # malformed rows are errors instead of being skipped and counted
     # A separate test file (overrides the split).
     test_source: str = ""
@@ -165,7 +165,7 @@ class DataConfig:
     # standard deviation of the training split's first `dense_stats_rows` rows (0 = all); a constant column is
     # dropped. "none" feeds them as they are. The statistics are part of the model: checkpoints and exports.
     dense_scaling: str = "standard"
-    dense_stats_rows: int = 1_000_000
+    dense_stats_rows: int = 1_000_000  # rows read for the dense statistics (0 = the whole training split)
 
     def __post_init__(self) -> None:
         if self.dense_scaling not in {"standard", "none"}:
@@ -198,13 +198,13 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class OptimizerConfig:
-    kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD
-    lr: float = 0.05
-    eps: float = 1e-8
+    kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD  # sgd | adagrad | rowwise_adagrad | adam: the sparse optimizer, fused into the backward
+    lr: float = 0.05  # learning rate of the embedding rows
+    eps: float = 1e-8  # added to the Adagrad / Adam denominator
     beta1: float = 0.9  # adam
     beta2: float = 0.999  # adam
     initial_accumulator: float = 0.0  # adagrad variants
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # L2 penalty added to each updated row's gradient
 
     def __post_init__(self) -> None:
         self.kind = OptimizerKind.parse(self.kind)
@@ -219,7 +219,7 @@ class OptimizerConfig:
 class TableOverride:
     """Per-table settings; tables not listed use the embedding defaults."""
 
-    name: str
+    name: str  # the table (a feature's table is named after the feature)
     features: list[str] = field(default_factory=list)  # default: the feature of the same name
     dim: int = 0  # 0 = embedding.dim
     init_scale: float = 0.0  # 0 = embedding.init_scale
@@ -227,12 +227,12 @@ class TableOverride:
 
 @dataclass(kw_only=True)
 class EmbeddingConfig:
-    dim: int = 16
-    pooling: Pooling = Pooling.SUM
+    dim: int = 16  # embedding width of every table (tables may override it)
+    pooling: Pooling = Pooling.SUM  # sum | mean: how a multi-valued feature's ids are pooled
     # New rows are drawn uniformly from [-init_scale, init_scale]; 0 picks 1/sqrt(dim).
     init_scale: float = 0.0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    tables: list[TableOverride] = field(default_factory=list)
+    tables: list[TableOverride] = field(default_factory=list)  # per-table overrides ([[embedding.tables]] name = ..., dim, init_scale, ...)
 
     def __post_init__(self) -> None:
         self.pooling = Pooling.parse(self.pooling)
@@ -253,7 +253,7 @@ class ModelConfig:
     deep_mlp: list[int] = field(default_factory=lambda: [256, 128])
     cross_layers: int = 2  # dcnv2
     cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout rate of the MLPs
     # First-order terms: a per-id bias (dim-1 table per feature, summed into the logit). deepfm and widedeep
     # have them by design; dlrm and dcnv2 get them with "on", or with "auto" when the data has no dense
     # features (id-only data). Never pruned.
@@ -286,11 +286,11 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    batch_size: int = 2048
-    epochs: int = 1
+    batch_size: int = 2048  # samples per training step (size-chosen for small files when unset: tierec train --help)
+    epochs: int = 1  # passes over the training split
     max_steps: int = 0  # 0 = run the epochs
     dense_optimizer: str = "adam"  # adam | adagrad | sgd
-    dense_lr: float = 5e-3
+    dense_lr: float = 5e-3  # learning rate of the dense model's optimizer
     # Evaluations every eval_every steps (0 = only at the end) use the validation split when there is one
     # (see data.validation_*); the model with the best validation AUC is kept in checkpoints/best, which
     # `eval` and `predict` use, and the test split is evaluated at the end on it.
@@ -298,10 +298,10 @@ class TrainConfig:
     early_stop_patience: int = 0  # stop after this many evaluations without a better validation AUC; 0 = never
     eval_batches: int = 0  # 0 = the whole split
     checkpoint_every: int = 0  # steps; 0 = only at the end
-    seed: int = 0
+    seed: int = 0  # seed of the initialisation, the data order and dropout
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
-    progress: bool = True
-    device: str = "cpu"
+    progress: bool = True  # a progress bar (a line every 30 s when stderr is not a terminal)
+    device: str = "cpu"  # cpu | cuda | cuda:N: where the dense model runs (and the rows that can: docs/gpu.md)
     # A NaN or infinite training loss: "stop" ends the run with an error (its last checkpoint
     # stays, so it can be resumed, e.g. with a lower rate); "continue" trains on.
     nan_policy: str = "stop"
@@ -350,15 +350,15 @@ class TrainConfig:
 class StoreTableConfig:
     """Tier settings of one table (by name): it gets a store of its own. Empty / -1 = as in [store]."""
 
-    name: str
+    name: str  # the table
     enabled: bool = True  # false: this table stays all in memory
-    memory_budget: str | int = ""
-    cache_size: str | int = ""
-    host_size: str | int = ""
-    disk_path: str = ""
-    max_rows: int = -1
-    ttl_steps: int = -1
-    admit_after: int = -1
+    memory_budget: str | int = ""  # "" = store.memory_budget
+    cache_size: str | int = ""  # "" = store.cache_size
+    host_size: str | int = ""  # "" = store.host_size
+    disk_path: str = ""  # "" = store.disk_path
+    max_rows: int = -1  # -1 = store.max_rows
+    ttl_steps: int = -1  # -1 = store.ttl_steps
+    admit_after: int = -1  # -1 = store.admit_after
 
 
 @dataclass(kw_only=True)
@@ -372,7 +372,7 @@ class StoreConfig:
     its budget spills to ``disk_path``. See tierec/store/ and docs/performance.md.
     """
 
-    enabled: bool = False
+    enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
     memory_budget: str | int = ""  # "" = unbounded (no spilling)
     cache_size: str | int = ""  # fast tier; "" = a quarter of memory_budget, or 256MiB without a budget
     host_size: str | int = ""  # host DRAM tier; "" = the rest of memory_budget (unbounded without one); "0" = none
@@ -386,12 +386,12 @@ class StoreConfig:
     max_rows: int = 0  # eviction: least-used rows are deleted beyond this many per store (0 = off)
     ttl_steps: int = 0  # eviction: rows unseen for this many steps are deleted (0 = off)
     sketch_width: int = 1 << 20  # count-min sketch of ids not admitted yet (counters per row)
-    sketch_depth: int = 4
+    sketch_depth: int = 4  # rows of the count-min sketch
     io_threads: int = 8  # concurrent disk reads
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
     prefetch: bool = False  # pipeline: bring the next batch's rows up while this one computes
     prefetch_depth: int = 2  # batches read ahead by the pipeline
-    tables: list[StoreTableConfig] = field(default_factory=list)
+    tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
     def __post_init__(self) -> None:
         from tierec.sizes import parse_size
@@ -419,7 +419,7 @@ class PruneConfig:
     and pruned chunks of rows that became important grow back (tierec/prune/).
     """
 
-    enabled: bool = False
+    enabled: bool = False  # prune embedding dims during training
     chunk: int = 4  # dims per chunk; embedding dims must be multiples of it
     every: int = 100  # steps between pruning steps
     start_step: int = 0  # no pruning before this step (importance warms up)

@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install 'torch==2.13.0'
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/python -m tierec.warmup  # compile the kernels once per install (no run pays for it)
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -21,7 +21,7 @@ STORE = [
 
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
-        "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats"]
+        "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.warmup", "tierec.config_reference"]
 
 
 @pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)

@@ -90,6 +90,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from tierec.train.memory import check_memory, training_estimate
 
         check_memory(training_estimate(cfg, processes=args.nproc), device=cfg.train.device)
+    if int(os.environ.get("RANK", "0")) == 0 and cfg.train.progress:
+        from tierec.warmup import note_compilation
+
+        note_compilation(lambda line: print(f"tierec: {line}", file=sys.stderr))
     if args.nproc > 1 or _launched_by_torchrun():  # see docs/distributed.md
         from tierec.train.launch import run_train
 

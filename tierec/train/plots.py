@@ -2,8 +2,8 @@
 
 Four pictures go into the run directory (matplotlib, Agg backend: no display needed):
 
-- ``loss_auc.png``: training loss over steps, and validation (or test) AUC over steps;
-- ``throughput.png``: training samples/s over steps;
+- ``loss_auc.png``: training loss over steps (raw faint, smoothed on top), and validation (or test) AUC over steps;
+- ``throughput.png``: training samples/s between records (the first step, which compiles, left out);
 - ``embedding.png``: embedding rows and bytes (tables, optimizer state, indexes) over steps;
 - ``store_hit_rate.png``: the tiered store's hit rate over steps, only when tables are tiered.
 
@@ -70,6 +70,40 @@ def _series(records: list[dict[str, Any]], kind: str, key: str, get: Callable[[d
     return steps, [by_step[s] for s in steps]
 
 
+def smoothed(values: list[float], weight: float = 0.9) -> list[float]:
+    """An exponential moving average, debiased at the start (as TensorBoard's smoothing).
+
+    >>> [round(v, 3) for v in smoothed([1.0, 0.0, 0.0], 0.5)]
+    [1.0, 0.333, 0.143]
+    """
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = weight * avg + (1 - weight) * v
+        out.append(avg / (1 - weight**i))
+    return out
+
+
+def interval_rates(records: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """(steps, samples/s between consecutive train records), from their cumulative samples and busy seconds;
+    metrics written before those fields existed give their cumulative rate.
+
+    >>> interval_rates([{"kind": "train", "step": 1, "samples": 0, "busy_s": 0.0, "samples_per_s": 5.0},
+    ...                 {"kind": "train", "step": 3, "samples": 200, "busy_s": 2.0, "samples_per_s": 100.0},
+    ...                 {"kind": "train", "step": 5, "samples": 400, "busy_s": 2.5, "samples_per_s": 160.0}])
+    ([3, 5], [100.0, 400.0])
+    """
+    train = [r for r in records if r.get("kind") == "train"]
+    if not all("samples" in r and "busy_s" in r for r in train):
+        return _series(records, "train", "samples_per_s")
+    steps, rates = [], []
+    for prev, cur in zip(train, train[1:]):
+        seconds = cur["busy_s"] - prev["busy_s"]
+        if seconds > 0 and cur["step"] > prev["step"]:
+            steps.append(int(cur["step"]))
+            rates.append((cur["samples"] - prev["samples"]) / seconds)
+    return steps, rates
+
+
 def _hit_rate(r: dict[str, Any]) -> float | None:
     return r["store"]["total"]["hit_rate"] if "store" in r else None
 
@@ -99,7 +133,9 @@ def write_plots(run_dir: str | Path) -> list[Path]:
         ax.plot(*xy, marker="o" if len(xy[0]) < 30 else None, markersize=3, label=label, **kw)
 
     fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(10, 4))
-    line(loss_ax, _series(records, "train", "loss"), "training loss (batch mean)")
+    steps, losses = _series(records, "train", "loss")
+    raw = loss_ax.plot(steps, losses, color="tab:blue", alpha=0.25, linewidth=0.8, label="training loss (batch mean)")[0]
+    line(loss_ax, (steps, smoothed(losses)), "smoothed", color=raw.get_color())
     for split in ("validation", "test"):
         xy = _series(records, "eval", "auc", split=split)
         if xy[0]:
@@ -116,7 +152,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     save(fig, PLOT_FILES[0])
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    line(ax, _series(records, "train", "samples_per_s"), "samples/s (since start)")
+    line(ax, interval_rates(records), "samples/s (between records)")
     ax.set(xlabel="step", ylabel="samples/s", title="training throughput")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

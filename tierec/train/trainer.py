@@ -184,7 +184,10 @@ class Trainer:
             dynamic_ncols=interactive,
             mininterval=0.5 if interactive else 30.0,
         )
-        samples, busy, last_loss = 0, 0.0, float("nan")
+        # samples/s leave out this process's first step (the kernels' compilation on a new install, the first
+        # allocations); the final loss is the last full batch's (an epoch's short last batch is noisier)
+        samples, busy, last_loss, full_loss = 0, 0.0, float("nan"), float("nan")
+        first: tuple[int, float] | None = None  # (samples, seconds) of the first step, used only if it stays the only one
         eval_split = "validation" if has_validation(cfg.data) else "test"
         done = pos.step >= total
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
@@ -200,18 +203,24 @@ class Trainer:
                     if pruning:
                         self.job.settle()  # on a mesh in average mode a pruning step is a sync point
                         parts.pruner.step()  # its cost counts in the throughput
-                    busy += step.seconds + time.perf_counter() - t0
-                    samples += batch.size
+                    if first is None:
+                        first = (batch.size, step.seconds + time.perf_counter() - t0)
+                    else:
+                        busy += step.seconds + time.perf_counter() - t0
+                        samples += batch.size
+                    if batch.size == cfg.train.batch_size:
+                        full_loss = last_loss
                     pos.step += 1
                     pos.batch_in_epoch += 1
-                    rate = samples / max(busy, 1e-9)
+                    rate = samples / busy if busy else first[0] / max(first[1], 1e-9)
                     bar.update(1)
                     rows = parts.embedding_rows()
                     bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{rows:,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
                     if pos.step % record_every == 0 or pos.step == total:
-                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate, "embedding_rows": rows,
+                        log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate,
+                                   "samples": samples, "busy_s": round(busy, 6), "embedding_rows": rows,
                                    "embedding_bytes": parts.embedding_bytes(), **store.record(), **self.job.bytes_record()})
                     if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
                         self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), pos, eval_split)
@@ -230,7 +239,7 @@ class Trainer:
                 pos.batch_in_epoch = 0
         bar.close()
         pipe.close()
-        if parts.pruner is not None and cfg.prune.final_prune and samples and not parts.pruner.due(pos.step):
+        if parts.pruner is not None and cfg.prune.final_prune and first is not None and not parts.pruner.due(pos.step):
             self.job.settle()
             parts.pruner.step()  # the evaluated and saved model meets the budget too
             self._log_prune(parts, log, pos, None)
@@ -253,8 +262,8 @@ class Trainer:
             "test_auc": result["auc"],
             "test_logloss": result["logloss"],
             "test_rows": result["rows"],
-            "train_samples_per_s": samples / busy if busy else float("nan"),
-            "final_train_loss": last_loss,
+            "train_samples_per_s": samples / busy if busy else (first[0] / max(first[1], 1e-9) if first else float("nan")),
+            "final_train_loss": full_loss if full_loss == full_loss else last_loss,
             **self._footprint(parts),
             **store.summary(),
             "peak_memory_bytes": peak_memory_bytes(),

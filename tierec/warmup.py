@@ -1,0 +1,57 @@
+"""Compile tierec's numba kernels once per install, and say so while it happens.
+
+The kernels are compiled for the CPU at their first use and cached beside
+their modules (numba's ``cache=True``), so only the first run after an
+install pays for it (about a minute on 2 cores). ``make venv`` runs
+``python -m tierec.warmup`` right after installing, so no training run pays
+it; elsewhere the first ``tierec train`` prints :data:`NOTE` once.
+
+>>> from tierec.warmup import kernels_cached
+>>> isinstance(kernels_cached(), bool)
+True
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+NOTE = "compiling tierec's kernels for this CPU (once per install, about a minute on 2 cores)"
+
+
+def kernels_cached() -> bool:
+    """Whether the embedding engine's kernels are in numba's cache (their index files exist)."""
+    from tierec.embedding import kernels
+
+    cache = Path(kernels.__file__).parent / "__pycache__"
+    return any(cache.glob("kernels.*.nbi"))
+
+
+def note_compilation(echo: Callable[[str], None]) -> None:
+    """One line before a run that will compile the kernels."""
+    if not kernels_cached():
+        echo(NOTE)
+
+
+def main() -> int:
+    """A tiny training run (plain, tiered and pruned tables, evaluation, a checkpoint) to compile the kernels."""
+    from tierec.config import load_config
+    from tierec.train.trainer import Trainer
+
+    t0 = time.perf_counter()
+    print(NOTE, file=sys.stderr, flush=True)
+    base = ["data.synthetic.train_rows=4096", "data.synthetic.test_rows=1024", "train.batch_size=1024",
+            "train.progress=false", "train.plots=false", "embedding.dim=8"]
+    with tempfile.TemporaryDirectory(prefix="tierec-warmup-") as tmp:
+        for name, extra in {"plain": [], "tiered": ["store.enabled=true", "store.cache_size=1MiB", f"store.disk_path={tmp}/disk"],
+                            "pruned": ["prune.enabled=true", "prune.every=2"]}.items():
+            Trainer(load_config(None, base + extra), Path(tmp) / name, echo=lambda _: None).fit()
+    print(f"tierec's kernels are compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

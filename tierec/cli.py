@@ -30,6 +30,7 @@ from pathlib import Path
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config, upgrade_saved
 from tierec.paths import check_no_alias
 from tierec.train.preflight import preflight
+from tierec.version import tierec_version
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -278,6 +279,7 @@ CONFIG_KEYS_HELP = "Every config key, its default and meaning: docs/config.md (o
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.",
                                      epilog=CONFIG_KEYS_HELP)
+    parser.add_argument("--version", action="version", version=f"tierec {tierec_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(

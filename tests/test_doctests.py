@@ -25,7 +25,7 @@ CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch
 SERVING = [
     "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
     "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",
-    "tierec.serving.export", "tierec.serving.scorer",
+    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
 ]  # fmt: skip
 
 

@@ -5,6 +5,7 @@
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec export CHECKPOINT --out DIR [--precision fp32|fp16|int8]
+    tierec serve DIR [--port P] [--host 127.0.0.1]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
     tierec inspect FILE [--rows N] [--out schema.toml]
@@ -247,6 +248,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tierec.serving.server import serve
+
+    serve(args.export, host=args.host, port=args.port)
+    return 0
+
+
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from tierec.data.preprocess import preprocess
 
@@ -344,6 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
                    help="the tables' rows: fp32, fp16, or int8 row-wise (a scale and bias per row) (default: fp32)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("serve", help="score rows over HTTP with an export (POST /score, GET /health, GET /version)")
+    p.add_argument("export", metavar="DIR", help="a directory written by `tierec export`")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.set_defaults(func=cmd_serve)
 
     from tierec.data.inspect import DEFAULT_SAMPLE_ROWS
 

@@ -80,11 +80,11 @@ class RowEncoder:
     def encode(self, rows: Rows) -> RowBlock:
         """The block of ``rows``; a value training would have rejected is a BadRowsError naming row and column."""
         columns, n = self._columns(rows)
-        batch = pa.RecordBatch.from_pydict({c: self._array(c, columns.get(c), n) for c in self.columns})
         try:
+            batch = pa.RecordBatch.from_pydict({c: self._array(c, columns.get(c), n) for c in self.columns})
             block, err = self.parser.parse(batch)
-        except DataError as e:  # a typed column the reader cannot use at all (e.g. a dense column of lists)
-            raise BadRowsError(str(e)) from None
+        except (DataError, pa.ArrowException) as e:  # a typed column the reader cannot use (e.g. a dense column of lists)
+            raise BadRowsError(" ".join(str(e).split())[:300]) from None
         bad = np.flatnonzero(err)
         if bad.size:
             i = int(bad[0])

@@ -72,3 +72,24 @@ def test_scores_equal_predict_on_criteo(model: str, storage: str, tmp_path: Path
     expected = predicted(tmp_path / "run", tmp_path / "p.csv", split="test")
     scores = Scorer.load(tmp_path / "export").score(criteo_records(CRITEO_HEAD, CRITEO_TEST_ROWS))
     assert scores.shape == expected.shape == (CRITEO_TEST_ROWS,) and np.abs(scores - expected).max() <= 1e-6
+
+
+def test_scores_equal_predict_on_parquet_with_typed_values(clicks: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pacsv.read_csv(clicks, convert_options=pacsv.ConvertOptions(column_types={"user": pa.string(), "tags": pa.string()}))
+    tags = pc.split_pattern(pc.fill_null(table.column("tags"), ""), "|")  # list<string> column: multi-valued
+    tags = pa.array([[t for t in row if t] for row in tags.to_pylist()], pa.list_(pa.string()))
+    table = table.set_column(table.schema.get_field_index("tags"), "tags", tags)
+    path = tmp_path / "clicks.parquet"
+    pq.write_table(table, path)
+    over = [o for o in clicks_config(clicks) if not o.startswith("data.source")] + [f'data.source="{path}"']
+    train(tmp_path / "run", over + ['model.name="deepfm"', "train.max_steps=6"])
+    manifest = export_checkpoint(tmp_path / "run", tmp_path / "export")
+    assert manifest.schema.values == "typed"
+    expected = predicted(tmp_path / "run", tmp_path / "p.csv")
+    scores = Scorer.load(tmp_path / "export").score(table.to_pylist())  # ints, floats, None, lists as Parquet holds them
+    assert np.abs(scores - expected).max() <= 1e-6

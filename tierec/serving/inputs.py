@@ -81,7 +81,7 @@ class RowEncoder:
         """The block of ``rows``; a value training would have rejected is a BadRowsError naming row and column."""
         columns, n = self._columns(rows)
         try:
-            batch = pa.RecordBatch.from_pydict({c: self._array(c, columns.get(c), n) for c in self.columns})
+            batch = pa.RecordBatch.from_arrays(self._arrays(columns, n), names=list(self.columns))
             block, err = self.parser.parse(batch)
         except (DataError, pa.ArrowException) as e:  # a typed column the reader cannot use (e.g. a dense column of lists)
             raise BadRowsError(" ".join(str(e).split())[:300]) from None
@@ -108,15 +108,26 @@ class RowEncoder:
                 raise BadRowsError(f"row {i}: a record must be an object of column: value, got {type(r).__name__}")
         return {c: [r.get(c) for r in rows] for c in self.columns}, len(rows)
 
-    def _array(self, name: str, values: list[Any] | None, n: int) -> pa.Array:
-        if values is None:
-            values = [None] * n
+    def _arrays(self, columns: dict[str, list[Any]], n: int) -> list[pa.Array]:
+        """One Arrow array per model column: as text (one array for all columns, sliced: one conversion
+        per request), or typed."""
         if self.schema.values == "text":
-            if name in self.multi:  # a list: its values joined as the file would hold them
-                sep = self.schema.separator
-                values = [sep.join(_text(x) for x in v) if isinstance(v, (list, tuple)) else v for v in values]
-            return pa.array([_text(v) for v in values], pa.string())
-        if all(v is None for v in values):  # absent: empty, typed as the reader expects
+            sep = self.schema.separator
+            texts = []
+            for c in self.columns:
+                values = columns.get(c)
+                if values is None:
+                    texts += [""] * n
+                elif c in self.multi:  # a list: its values joined as the file would hold them
+                    texts += [sep.join(_text(x) for x in v) if isinstance(v, (list, tuple)) else _text(v) for v in values]
+                else:
+                    texts += [_text(v) for v in values]
+            flat = pa.array(texts, pa.string())
+            return [flat.slice(k * n, n) for k in range(len(self.columns))]
+        return [self._typed(c, columns.get(c), n) for c in self.columns]
+
+    def _typed(self, name: str, values: list[Any] | None, n: int) -> pa.Array:
+        if values is None or all(v is None for v in values):  # absent: empty, typed as the reader expects
             return pa.nulls(n, pa.float64() if name in self.schema.dense else pa.string())
         try:
             return pa.array(values)

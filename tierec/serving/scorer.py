@@ -79,26 +79,17 @@ class Scorer:
         if n == 0:
             return np.empty(0, np.float32)
         feats = self.manifest.features
-        emb = torch.empty(n, len(feats), self.dim)  # [B, F, D]
-        wide = torch.zeros(n, len(feats))  # [B, F]
+        emb = np.empty((n, len(feats), self.dim), np.float32)  # [B, F, D]
+        wide = np.zeros((n, len(feats)), np.float32)  # [B, F]
+        one_hot = block.values.reshape(len(feats), n) if block.one_hot else None  # [F, B]: one id per bag
         for f, feat in enumerate(feats):
-            ids, lens = block.feature(f)
-            emb[:, f] = self._pool(self.tables[feat.table], ids, lens, n, feat.mean)
+            ids, lens = (one_hot[f], None) if one_hot is not None else block.feature(f)
+            emb[:, f] = _pool(self.tables[feat.table], ids, lens, n, feat.mean)
             if feat.wide_table is not None:
-                wide[:, f] = self._pool(self.tables[feat.wide_table], ids, lens, n, feat.mean)[:, 0]
+                wide[:, f] = _pool(self.tables[feat.wide_table], ids, lens, n, feat.mean)[:, 0]
         dense = torch.from_numpy(np.ascontiguousarray(block.dense, dtype=np.float32))
-        return torch.sigmoid(self.program(dense, emb, wide)).numpy()
-
-    @staticmethod
-    def _pool(table: ServedTable, ids: np.ndarray, lens: np.ndarray, n: int, mean: bool) -> torch.Tensor:  # -> [B, D]
-        rows = torch.from_numpy(table.lookup(np.ascontiguousarray(ids, dtype=np.int64)))  # [N, D]
-        if ids.shape[0] == n and bool((lens == 1).all()):
-            return rows  # one id per row: its row, pooled by sum or by mean alike
-        bag = torch.from_numpy(np.repeat(np.arange(n), lens))
-        out = torch.zeros(n, table.dim).index_add_(0, bag, rows)
-        if mean:
-            out *= torch.from_numpy((1.0 / np.maximum(lens, 1)).astype(np.float32))[:, None]
-        return out
+        logits = self.program(dense, torch.from_numpy(emb), torch.from_numpy(wide))
+        return torch.sigmoid(logits).numpy()
 
     def describe(self) -> dict[str, object]:
         """What ``GET /version`` says: the export's tierec version, step, model, precision and path."""
@@ -106,3 +97,16 @@ class Scorer:
         return {"export": str(self.path), "tierec_version": m.tierec_version, "step": m.step, "model": m.model,
                 "precision": m.precision, "tables": len(m.tables), "delta": None}  # fmt: skip
 
+
+
+def _pool(table: ServedTable, ids: np.ndarray, lens: np.ndarray | None, n: int, mean: bool) -> np.ndarray:  # -> [B, D]
+    """Each bag's rows pooled as training pools them: summed, then times 1 / len for mean (an empty bag is 0).
+    ``lens`` None: one id per bag."""
+    rows = table.lookup(np.ascontiguousarray(ids, dtype=np.int64))  # [N, D]
+    if lens is None or (ids.shape[0] == n and bool((lens == 1).all())):
+        return rows  # one id per row: its row, by sum or by mean alike
+    bag = torch.from_numpy(np.repeat(np.arange(n), lens))
+    out = torch.zeros(n, table.dim).index_add_(0, bag, torch.from_numpy(rows)).numpy()
+    if mean:
+        out *= (1.0 / np.maximum(lens, 1)).astype(np.float32)[:, None]
+    return out

@@ -22,6 +22,7 @@ sizes, then each region is filled with positioned writes.
 from __future__ import annotations
 
 import json
+import mmap as mmap_module
 import os
 import struct
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ class TableFile:
             raise ExportError(f"cannot read table file {path} ({e})") from None
         meta = header.pop("__metadata__", {})
         arrays = {}
+        mapped = _map(path) if mmap and size > 0 else None
         for name, spec in header.items():
             dt = _NP_DTYPES.get(spec.get("dtype"))
             a, b = spec["data_offsets"]
@@ -141,10 +143,17 @@ class TableFile:
             shape = tuple(spec["shape"])
             if b == a:
                 arrays[name] = np.zeros(shape, dt)
-            elif mmap:
-                arrays[name] = np.memmap(path, dtype=dt, mode="r", offset=8 + n + a, shape=shape)
+            elif mapped is not None:  # a plain ndarray over the mapping (np.memmap's subclass costs per indexing)
+                count = (b - a) // dt.itemsize
+                arrays[name] = np.frombuffer(mapped, dtype=dt, count=count, offset=8 + n + a).reshape(shape)
             else:
                 arrays[name] = np.fromfile(path, dtype=dt, count=(b - a) // dt.itemsize, offset=8 + n + a).reshape(shape)
         if "ids" not in arrays:
             raise ExportError(f"table file {path} has no ids")
         return TableFile(arrays, meta)
+
+
+def _map(path: str | os.PathLike) -> mmap_module.mmap:
+    """The whole file mapped read-only (pages are read on first touch; the OS may drop them again)."""
+    with open(path, "rb") as f:
+        return mmap_module.mmap(f.fileno(), 0, access=mmap_module.ACCESS_READ)

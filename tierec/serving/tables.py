@@ -69,9 +69,11 @@ class ServedTable:
         scale = None if self.scale is None else np.asarray(self.scale[p])
         bias = None if self.bias is None else np.asarray(self.bias[p])
         if self.rows is not None:
-            codes = np.asarray(self.rows[p])  # [k, dim]
-            lens = np.full(p.shape[0], self.dim, np.int64)
-            out[found] = decode(codes.reshape(-1), scale, bias, lens).reshape(-1, self.dim)
+            codes = self.rows[p]  # [k, dim]
+            if scale is None or bias is None:
+                out[found] = codes
+            else:
+                out[found] = codes.astype(np.float32) * scale[:, None] + bias[:, None]
             return out
         start = np.asarray(self.offsets[p])
         lens = np.asarray(self.offsets[p + 1]) - start

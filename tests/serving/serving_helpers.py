@@ -48,12 +48,17 @@ def criteo_config() -> list[str]:
 
 
 def storage_config(storage: str, tmp: Path) -> list[str]:
+    """``plain``, ``pruned``, ``tiered`` or several joined by ``+``."""
+    return [o for part in storage.split("+") for o in _storages(tmp)[part]]
+
+
+def _storages(tmp: Path) -> dict[str, list[str]]:
     return {
         "plain": [],
         "pruned": ["prune.enabled=true", "prune.chunk=4", "prune.every=4", "prune.target_ratio=2"],
-        "tiered": ["store.enabled=true", "store.memory_budget=48KiB", "store.cache_size=24KiB",
+        "tiered": ["store.enabled=true", "store.memory_budget=14KiB", "store.cache_size=12KiB",
                    f"store.disk_path={json.dumps(str(tmp / 'disk'))}"],  # fmt: skip
-    }[storage]
+    }
 
 
 def train(run: Path, overrides: list[str]) -> dict:

@@ -117,3 +117,9 @@ def test_missing_extra_is_one_line(export, monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError
     assert main(["serve", str(export[0]), "--port", "1"]) == 2
     assert capsys.readouterr().err.strip() == "tierec: error: tierec serve needs Starlette and uvicorn, the optional extra: pip install 'tierec[serve]'"
+
+
+def test_a_port_in_use_is_one_line(server: str, export, capsys) -> None:
+    port = int(server.rsplit(":", 1)[1])
+    assert main(["serve", str(export[0]), "--port", str(port)]) == 2
+    assert capsys.readouterr().err.strip() == f"tierec: error: cannot listen on 127.0.0.1:{port}: Address already in use"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Any
 
 from tierec.config import ConfigError
@@ -92,12 +93,29 @@ def build_app(scorer: Scorer) -> Any:
 
 
 def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Load the export at ``path`` and serve it until SIGINT or SIGTERM."""
+    """Load the export at ``path``, bind ``host:port`` (port 0: any free one) and serve until SIGINT or SIGTERM."""
     _require_extra()
     import uvicorn
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
     app = build_app(Scorer.load(path))
-    print(f"serving {path} on http://{host}:{port} (POST /score, GET /health, GET /version)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    sock = bind(host, port)  # here, so that a port in use is one line (uvicorn would log and exit with status 3)
+    bound = sock.getsockname()[1]
+    print(f"serving {path} on http://{host}:{bound} (POST /score, GET /health, GET /version)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; an address in use or not of this machine is a one-line ConfigError."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock

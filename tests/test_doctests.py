@@ -23,7 +23,7 @@ CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
         "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.version"]
 SERVING = [
-    "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
+    "tierec.serving", "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
     "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",
     "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
 ]  # fmt: skip

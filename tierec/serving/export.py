@@ -61,7 +61,7 @@ from tierec.serving.program import save_program
 from tierec.serving.publish import begin_export, publish_export
 from tierec.serving.rows import VALUE_DTYPES, RowChunk, encode
 from tierec.serving.sorted_runs import MERGE_BUDGET, RunWriter, merge_runs
-from tierec.serving.table_file import TableFileWriter
+from tierec.serving.table_file import TableFileWriter, TableShape
 from tierec.train.checkpoint import Checkpoint, unflatten_state
 from tierec.train.evaluate import run_checkpoint
 from tierec.version import tierec_version
@@ -165,8 +165,9 @@ def _write_tables(ckpt: Checkpoint, tmp: Path, tables: list[_Table], cfg: Export
     for t in tables:
         w = writers[t.label]
         layout = "ragged" if t.label in ragged else "whole"
-        out = TableFileWriter(tmp / t.file, rows=w.rows, values=w.values, dim=t.config.dim, layout=layout,
-                              precision=cfg.precision, table=t.config.name)  # fmt: skip
+        shape = TableShape(table=t.config.name, dim=t.config.dim, layout=layout, precision=cfg.precision, rows=w.rows,
+                           values=w.values)  # fmt: skip
+        out = TableFileWriter(tmp / t.file, shape)
         try:
             for block in merge_runs(w.runs, VALUE_DTYPES[cfg.precision], cfg.merge_budget, t.config.dim):
                 out.append(block)

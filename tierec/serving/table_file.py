@@ -12,7 +12,7 @@ sizes, then each region is filled with positioned writes.
 >>> import tempfile, os, numpy as np
 >>> from tierec.serving.rows import RowChunk
 >>> path = os.path.join(tempfile.mkdtemp(), "t.safetensors")
->>> w = TableFileWriter(path, rows=2, values=4, dim=2, layout="whole", precision="fp32", table="t")
+>>> w = TableFileWriter(path, TableShape(table="t", dim=2, layout="whole", precision="fp32", rows=2, values=4))
 >>> w.append(RowChunk(np.array([3, 8]), np.array([2, 2]), np.arange(4, dtype=np.float32))); w.close()
 >>> f = TableFile.open(path)
 >>> f.ids.tolist(), f.array("rows").tolist()
@@ -36,31 +36,44 @@ _ST_DTYPES = {np.dtype(np.int64): "I64", np.dtype(np.float32): "F32", np.dtype(n
 _NP_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 
 
-def _layout(rows: int, values: int, dim: int, layout: str, precision: str) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    vdt = np.dtype(VALUE_DTYPES[precision])
-    out = [("ids", np.dtype(np.int64), (rows,))]
-    if layout == "ragged":
-        out += [("offsets", np.dtype(np.int64), (rows + 1,)), ("values", vdt, (values,))]
-    else:
-        out.append(("rows", vdt, (rows, dim)))
-    if precision == "int8":
-        out += [("scale", np.dtype(np.float32), (rows,)), ("bias", np.dtype(np.float32), (rows,))]
-    return out
+@dataclass(frozen=True, kw_only=True)
+class TableShape:
+    """What a table file will hold: its table, dim, layout (whole | ragged), precision, rows and total values."""
+
+    table: str
+    dim: int
+    layout: str
+    precision: str
+    rows: int
+    values: int  # sum of the rows' dims
+
+    def tensors(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of each tensor, in file order."""
+        vdt = np.dtype(VALUE_DTYPES[self.precision])
+        out = [("ids", np.dtype(np.int64), (self.rows,))]
+        if self.layout == "ragged":
+            out += [("offsets", np.dtype(np.int64), (self.rows + 1,)), ("values", vdt, (self.values,))]
+        else:
+            out.append(("rows", vdt, (self.rows, self.dim)))
+        if self.precision == "int8":
+            out += [("scale", np.dtype(np.float32), (self.rows,)), ("bias", np.dtype(np.float32), (self.rows,))]
+        return out
 
 
 class TableFileWriter:
-    """Writes a table file of known ``rows`` and total ``values``; :meth:`append` takes rows in id order."""
+    """Writes a table file of a known :class:`TableShape`; :meth:`append` takes rows in id order."""
 
-    def __init__(self, path: str | os.PathLike, *, rows: int, values: int, dim: int, layout: str, precision: str, table: str) -> None:
-        self.layout = layout
+    def __init__(self, path: str | os.PathLike, shape: TableShape) -> None:
+        self.layout = shape.layout
         self.regions: dict[str, int] = {}  # name -> absolute file position of the next write
         self.ends: dict[str, int] = {}
-        header: dict[str, object] = {"__metadata__": {"table": table, "layout": layout, "precision": precision, "dim": str(dim)}}
+        meta = {"table": shape.table, "layout": shape.layout, "precision": shape.precision, "dim": str(shape.dim)}
+        header: dict[str, object] = {"__metadata__": meta}
         pos = 0
         spans = []
-        for name, dt, shape in _layout(rows, values, dim, layout, precision):
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            header[name] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        for name, dt, dims in shape.tensors():
+            nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+            header[name] = {"dtype": _ST_DTYPES[dt], "shape": list(dims), "data_offsets": [pos, pos + nbytes]}
             spans.append((name, pos, pos + nbytes))
             pos += nbytes
         text = json.dumps(header, separators=(",", ":")).encode()
@@ -73,7 +86,7 @@ class TableFileWriter:
         os.pwrite(self.fd, struct.pack("<Q", len(text)) + text, 0)
         os.ftruncate(self.fd, base + pos)
         self.next_offset = 0  # ragged: the values written so far
-        if layout == "ragged":
+        if self.layout == "ragged":
             self._write("offsets", np.zeros(1, np.int64))
 
     def append(self, chunk: RowChunk) -> None:

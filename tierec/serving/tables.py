@@ -10,9 +10,10 @@ unknown ids and insert nothing; tierec/train/evaluate.py), so the scores match
 >>> import tempfile, os, numpy as np
 >>> from tierec.serving.manifest import TableEntry
 >>> from tierec.serving.rows import RowChunk
->>> from tierec.serving.table_file import TableFileWriter
+>>> from tierec.serving.table_file import TableFileWriter, TableShape
 >>> d = tempfile.mkdtemp()
->>> w = TableFileWriter(os.path.join(d, "t.safetensors"), rows=2, values=3, dim=2, layout="ragged", precision="fp32", table="t")
+>>> shape = TableShape(table="t", dim=2, layout="ragged", precision="fp32", rows=2, values=3)
+>>> w = TableFileWriter(os.path.join(d, "t.safetensors"), shape)
 >>> w.append(RowChunk(np.array([3, 8]), np.array([2, 1]), np.array([1, 2, 5], np.float32))); w.close()
 >>> t = ServedTable.open(d, TableEntry(name="t", file="t.safetensors", dim=2, layout="ragged", rows=2))
 >>> t.lookup(np.array([8, 4, 3])).tolist()

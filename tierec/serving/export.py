@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from tierec.config import Config, Pooling, from_dict
+from tierec.config import Config, Pooling, from_dict, upgrade_saved
 from tierec.embedding import tables_from_config
 from tierec.embedding.table import TableConfig
 from tierec.models import build_model, has_first_order
@@ -93,7 +93,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, cfg
     if ckpt.format < 2:
         raise ExportError(f"checkpoint {ckpt.path} has the old one-file format; resume and save it with this tierec first")
     check_no_alias(out, [ckpt.path.parent], "export --out", "checkpoints")  # never among the checkpoints
-    run: Config = from_dict(Config, ckpt.meta["config"])
+    run: Config = from_dict(Config, upgrade_saved(ckpt.meta["config"]))
     schema = input_schema(run.data)
     features, n_dense = schema.categorical, len(schema.dense)
     tables = [_Table(f"emb/{t.name}", t, "") for t in tables_from_config(run.embedding, features)]

@@ -21,10 +21,16 @@ STORE = [
 
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
-        "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.warmup", "tierec.config_reference"]
+        "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.version",
+        "tierec.warmup", "tierec.config_reference"]
+SERVING = [
+    "tierec.serving", "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
+    "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",
+    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)
+@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE + SERVING)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -4,6 +4,8 @@
     torchrun --nproc_per_node N -m tierec train ...      (multi-node: torchrun's rendezvous arguments)
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
+    tierec export CHECKPOINT --out DIR [--precision fp32|fp16|int8]
+    tierec serve DIR [--port P] [--host 127.0.0.1]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
     tierec inspect FILE [--rows N] [--out schema.toml]
@@ -30,6 +32,7 @@ from pathlib import Path
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config, upgrade_saved
 from tierec.paths import check_no_alias
 from tierec.train.preflight import preflight
+from tierec.version import tierec_version
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -173,15 +176,9 @@ def _print_summary(summary: dict) -> None:
 
 
 def _checkpoint_path(path: str, last: bool) -> str:
-    """A run directory means its checkpoints/; there, checkpoints/best unless ``last`` (or there is none)."""
-    from tierec.train.evaluate import BEST_DIR
+    from tierec.train.evaluate import run_checkpoint
 
-    p = Path(path)
-    if (p / "checkpoints").is_dir():
-        p = p / "checkpoints"
-    if not last and (p / BEST_DIR).is_dir():
-        p = p / BEST_DIR
-    return str(p)
+    return run_checkpoint(path, last)
 
 
 def _restore(checkpoint: str, data: str | None, overrides: list[str]):
@@ -245,6 +242,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from tierec.serving.export import ExportConfig, export_checkpoint
+
+    manifest = export_checkpoint(_checkpoint_path(args.checkpoint, args.last), args.out, ExportConfig(precision=args.precision))
+    rows = sum(t.rows for t in manifest.tables)
+    print(f"exported step {manifest.step} ({manifest.model}, {len(manifest.tables)} tables, {rows:,} rows, "
+          f"{manifest.precision}) to {args.out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tierec.serving.server import serve
+
+    serve(args.export, host=args.host, port=args.port)
+    return 0
+
+
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from tierec.data.preprocess import preprocess
 
@@ -282,6 +296,7 @@ CONFIG_KEYS_HELP = "Every config key, its default and meaning: docs/config.md (o
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tierec", description="Train CTR models whose embedding tables do not fit in fast memory.",
                                      epilog=CONFIG_KEYS_HELP)
+    parser.add_argument("--version", action="version", version=f"tierec {tierec_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -331,6 +346,22 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a column of the data file written beside each score (repeatable; "
                                 "default: none, a 0-based 'row' number instead)")
         p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)
+
+    p = sub.add_parser("export", help="write a checkpoint as a self-contained directory to serve: dense program, tables, manifest")
+    p.add_argument("checkpoint", help="a run directory (its checkpoints/best when kept, else its latest), its checkpoints/ "
+                                      "directory, or one checkpoint")
+    p.add_argument("--last", action="store_true", help="the run's latest checkpoint instead of checkpoints/best")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the export directory: new, empty, or an earlier export (replaced); written aside, then renamed")
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+                   help="the tables' rows: fp32, fp16, or int8 row-wise (a scale and bias per row) (default: fp32)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("serve", help="score rows over HTTP with an export (POST /score, GET /health, GET /version)")
+    p.add_argument("export", metavar="DIR", help="a directory written by `tierec export`")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.set_defaults(func=cmd_serve)
 
     from tierec.data.inspect import DEFAULT_SAMPLE_ROWS
 
@@ -395,6 +426,7 @@ def _main(argv: list[str] | None) -> int:
     from tierec.data.errors import DataError
     from tierec.distributed.local_job import report_error
     from tierec.errors import DiskFullError, DiskTierError
+    from tierec.serving.manifest import ExportError
     from tierec.store.group import CacheCapacityError, StoreFullError
     from tierec.train.checkpoint import CheckpointError
     from tierec.train.stopping import Interrupted, TrainingDiverged
@@ -410,7 +442,7 @@ def _main(argv: list[str] | None) -> int:
                 return args.func(args, rest)
             return args.func(args)
     except (ConfigError, DataError, CheckpointError, CacheCapacityError, StoreFullError, FileNotFoundError,
-            TrainingDiverged, DiskFullError, DiskTierError) as e:  # fmt: skip
+            TrainingDiverged, DiskFullError, DiskTierError, ExportError) as e:  # fmt: skip
         report_error(f"tierec: error: {e}")
         return 2
     except Interrupted as e:

@@ -12,6 +12,7 @@ from tierec.cli import main
 from tierec.config import load_config
 from tierec.train.checkpoint import load_checkpoint
 from tierec.train.trainer import Trainer
+from tierec.version import tierec_version
 
 SMALL = [
     "data.synthetic.train_rows=6144",
@@ -66,6 +67,7 @@ def test_run_directory_contents(tmp_path: Path) -> None:
     assert splits == ["validation"] * 3 + ["test"] and kinds[-1] == "final"  # validation at steps 4, 8, 12; test at the end
     assert (tmp_path / "config.toml").is_file()
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == summary["steps"] == 12
+    assert summary["tierec_version"] == tierec_version()  # every run says which tierec wrote it
     assert 0.5 < summary["test_auc"] <= 1.0 and summary["planted_auc"] > 0.5
     assert summary["embedding_rows"] > 0 and summary["peak_memory_bytes"] > 0
 

@@ -51,6 +51,17 @@ def _scores(cfg: Config, parts: Components, source: BatchSource, max_batches: in
 BEST_DIR = "best"  # checkpoints/best: the checkpoint with the best validation AUC
 
 
+def run_checkpoint(path: str | Path, last: bool = False) -> str:
+    """A run directory means its checkpoints/; there, checkpoints/best unless ``last`` (or there is none).
+    A checkpoints/ directory or one checkpoint is taken as it is."""
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        p = p / "checkpoints"
+    if not last and (p / BEST_DIR).is_dir():
+        p = p / BEST_DIR
+    return str(p)
+
+
 def has_validation(cfg: DataConfig) -> bool:
     """Whether the data has a validation split (by the config alone; shards: their manifest)."""
     if cfg.source == "synthetic" or cfg.format == "synthetic":

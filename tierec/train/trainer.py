@@ -50,6 +50,7 @@ from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
 from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tierec.train.tensorboard import TensorBoardSink
+from tierec.version import tierec_version
 from tomli_w import dumps as dump_toml
 
 
@@ -257,6 +258,7 @@ class Trainer:
             best = {"best_step": pos.best_step, "best_validation_auc": pos.best_auc}
             result = self._eval(parts, log, pos, None, "test")
         summary = {
+            "tierec_version": tierec_version(),
             "steps": pos.step,
             **best,
             "test_auc": result["auc"],

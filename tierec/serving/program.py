@@ -1,0 +1,88 @@
+"""The dense model of an export: a ``torch.export`` program, saved as ``.pt2`` and run under the run's precision.
+
+The program takes ``(dense [B, n_dense], emb [B, F, D], wide [B, F])`` with a
+dynamic batch size and returns logits ``[B]``; ``wide`` (first-order weights)
+is read only by models that have first-order terms (zeros may be passed
+otherwise). It is the run's model in eval mode (no dropout). The run's
+``train.precision`` is kept: under ``bf16`` (or ``auto`` on a CPU with native
+bf16, the rule of tierec/train/precision.py) it runs in bf16 autocast, as
+``tierec predict`` does, with float32 logits.
+
+>>> import tempfile, os, torch
+>>> from tierec.config import ModelConfig
+>>> from tierec.models import build_model
+>>> model = build_model(ModelConfig(bottom_mlp=[8], top_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
+>>> path = os.path.join(tempfile.mkdtemp(), "model.pt2")
+>>> save_program(model, path, n_dense=3, n_sparse=4, dim=2)
+>>> p = DenseProgram.load(path, precision="fp32")
+>>> x = (torch.randn(5, 3), torch.randn(5, 4, 2), torch.zeros(5, 4))
+>>> torch.allclose(p(*x), model.eval()(x[0], x[1], None))
+True
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from tierec.models import CTRModel
+from tierec.serving.manifest import ExportError
+from tierec.train.precision import autocast_dtype
+
+MAX_BATCH = 1 << 20  # rows per call the program accepts
+
+
+class _WithWide(nn.Module):
+    """The model with ``wide`` always given (ignored by a model without first-order terms)."""
+
+    def __init__(self, model: CTRModel) -> None:
+        super().__init__()
+        self.model = model
+        self.uses_wide = model.uses_wide
+
+    def forward(self, dense: Tensor, emb: Tensor, wide: Tensor) -> Tensor:
+        return self.model(dense, emb, wide if self.uses_wide else None)
+
+
+def save_program(model: CTRModel, path: str | os.PathLike, *, n_dense: int, n_sparse: int, dim: int) -> None:
+    """``torch.export`` the model (eval mode, float32) for any batch size and save it to ``path``."""
+    was_training = model.training
+    model.eval()
+    try:
+        b = 4
+        example = (torch.zeros(b, n_dense), torch.zeros(b, n_sparse, dim), torch.zeros(b, n_sparse))
+        batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+        shapes = ({0: batch}, {0: batch}, {0: batch})
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.export.export(_WithWide(model), example, dynamic_shapes=shapes)
+        torch.export.save(program, path)
+    finally:
+        model.train(was_training)
+
+
+class DenseProgram:
+    """A loaded program, called like the model: ``program(dense, emb, wide) -> logits [B]`` float32."""
+
+    def __init__(self, module: nn.Module, precision: str) -> None:
+        self.module = module
+        self.dtype = autocast_dtype(precision, "cpu")
+
+    @staticmethod
+    def load(path: str | os.PathLike, precision: str) -> DenseProgram:
+        try:
+            program = torch.export.load(path)
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign file is one line
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ExportError(f"cannot load the dense program {path} ({first})") from None
+        return DenseProgram(program.module(), precision)
+
+    def __call__(self, dense: Tensor, emb: Tensor, wide: Tensor) -> Tensor:
+        with torch.no_grad():
+            if self.dtype is None:
+                return self.module(dense, emb, wide).float()
+            with torch.autocast("cpu", dtype=self.dtype):
+                return self.module(dense, emb, wide).float()

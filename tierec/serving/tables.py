@@ -1,0 +1,91 @@
+"""A served table: an export's table file, looked up by raw id, memory-mapped by default.
+
+Ids are found by binary search in the table's ascending ids; only the rows a
+request needs are read, so a table larger than RAM can be served (the OS pages
+rows in and out). An id the table does not hold reads as zeros: what training
+gives an id never seen when it evaluates (tables in eval mode return zeros for
+unknown ids and insert nothing; tierec/train/evaluate.py), so the scores match
+``tierec predict``'s. Rows come back as float32 whatever the export's precision.
+
+>>> import tempfile, os, numpy as np
+>>> from tierec.serving.manifest import TableEntry
+>>> from tierec.serving.rows import RowChunk
+>>> from tierec.serving.table_file import TableFileWriter, TableShape
+>>> d = tempfile.mkdtemp()
+>>> shape = TableShape(table="t", dim=2, layout="ragged", precision="fp32", rows=2, values=3)
+>>> w = TableFileWriter(os.path.join(d, "t.safetensors"), shape)
+>>> w.append(RowChunk(np.array([3, 8]), np.array([2, 1]), np.array([1, 2, 5], np.float32))); w.close()
+>>> t = ServedTable.open(d, TableEntry(name="t", file="t.safetensors", dim=2, layout="ragged", rows=2))
+>>> t.lookup(np.array([8, 4, 3])).tolist()
+[[5.0, 0.0], [0.0, 0.0], [1.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from tierec.paths import safe_member
+from tierec.serving.manifest import ExportError, TableEntry
+from tierec.serving.rows import decode, starts_of
+from tierec.serving.table_file import TableFile
+
+
+class ServedTable:
+    def __init__(self, entry: TableEntry, file: TableFile) -> None:
+        self.entry = entry
+        self.dim = entry.dim
+        self.ids = file.ids  # [n] int64 ascending
+        self.rows = file.array("rows")  # [n, dim] (whole layout)
+        self.offsets = file.array("offsets")  # [n + 1] (ragged layout)
+        self.values = file.array("values")  # [total] (ragged layout)
+        self.scale = file.array("scale")  # [n] float32 (int8)
+        self.bias = file.array("bias")
+        expected = "offsets" if entry.layout == "ragged" else "rows"
+        if file.array(expected) is None or self.ids.shape[0] != entry.rows:
+            raise ExportError(f"table file {entry.file} does not match the manifest (layout {entry.layout}, {entry.rows} rows)")
+
+    @staticmethod
+    def open(directory: str | os.PathLike, entry: TableEntry, mmap: bool = True) -> ServedTable:
+        path = Path(directory) / safe_member(entry.file, f"{directory}/manifest.json")
+        return ServedTable(entry, TableFile.open(path, mmap=mmap))
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [N] bool, position [N] int64 where found) of raw ``ids``."""
+        n = self.ids.shape[0]
+        if n == 0:
+            return np.zeros(ids.shape[0], bool), np.zeros(ids.shape[0], np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
+        return np.asarray(self.ids[pos]) == ids, pos
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """Rows [N, dim] float32 of raw ``ids`` [N] int64; zeros for ids the table does not hold."""
+        found, pos = self.find(ids)
+        out = np.zeros((ids.shape[0], self.dim), np.float32)
+        p = pos[found]
+        if not p.size:
+            return out
+        scale = None if self.scale is None else np.asarray(self.scale[p])
+        bias = None if self.bias is None else np.asarray(self.bias[p])
+        if self.rows is not None:
+            codes = self.rows[p]  # [k, dim]
+            if scale is None or bias is None:
+                out[found] = codes
+            else:
+                out[found] = codes.astype(np.float32) * scale[:, None] + bias[:, None]
+            return out
+        start = np.asarray(self.offsets[p])
+        lens = np.asarray(self.offsets[p + 1]) - start
+        flat = np.asarray(self.values[_spans(start, lens)])
+        block = np.zeros((p.shape[0], self.dim), np.float32)
+        block[np.arange(self.dim) < lens[:, None]] = decode(flat, scale, bias, lens)
+        out[found] = block
+        return out
+
+
+def _spans(start: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Positions ``start[i] .. start[i] + lens[i] - 1`` of every row, row after row."""
+    total = int(lens.sum())
+    return np.repeat(start - starts_of(lens), lens) + np.arange(total, dtype=np.int64)

@@ -157,7 +157,7 @@ class TextFile:
         index = LineIndex.scan(p)
         if index.size == 0:
             raise DataError(f"{display}: file is empty")
-        _refuse_binary(p, display)
+        refuse_binary(p, display)
         if schema.header:
             with p.open("rb") as fh:
                 names = _header_names(fh.readline(), schema, display)
@@ -316,7 +316,7 @@ _MAGIC = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed", b"\xfd7zXZ
           b"\x28\xb5\x2f\xfd": "zstd-compressed", b"PK\x03\x04": "a zip archive", b"PAR1": "a Parquet file"}
 
 
-def _refuse_binary(p: Path, display: str) -> None:
+def refuse_binary(p: Path, display: str) -> None:
     """A one-line error for a file that is not text at all (compressed, an archive, random bytes)."""
     with p.open("rb") as fh:
         head = fh.read(1 << 16)

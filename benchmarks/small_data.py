@@ -88,7 +88,8 @@ def _criteo_categorical(path: Path) -> None:
 
 def _inspected(path: Path) -> None:
     """The schema ``tierec inspect`` writes for the 200-row CSV sample (its own data.source)."""
-    from tierec.data.inspect import inspect_file, schema_toml
+    from tierec.data.inspect import inspect_file
+    from tierec.data.inspect_toml import schema_toml
 
     path.write_text(schema_toml(inspect_file(CRITEO.with_name("sample200_with_header.csv"))))
 

@@ -8,7 +8,7 @@
     tierec serve DIR [--port P] [--host 127.0.0.1]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
-    tierec inspect FILE [--rows N] [--out schema.toml]
+    tierec inspect FILE [--rows N] [--delimiter D] [--header/--no-header] [--encoding E] [--out schema.toml]
     tierec bench [benchmark options]
 
 Configuration problems, bad data files and unreadable checkpoints are reported
@@ -121,9 +121,12 @@ def _finish(cfg: Config, summary: dict) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from tierec.data.inspect import describe, inspect_file, schema_toml
+    from tierec.data.inspect import inspect_file
+    from tierec.data.inspect_toml import describe, schema_toml
+    from tierec.data.sniff import delimiter_option
 
-    report = inspect_file(args.file, max_rows=args.rows, fmt=args.format)
+    delimiter = delimiter_option(args.delimiter) if args.delimiter else ""
+    report = inspect_file(args.file, max_rows=args.rows, fmt=args.format, delimiter=delimiter, header=args.header, encoding=args.encoding)
     print(describe(report))
     if args.out:
         check_no_alias(args.out, [args.file], "inspect --out", "data")
@@ -371,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read only the first N rows, a bounded sample (default: {DEFAULT_SAMPLE_ROWS})")
     p.add_argument("--format", choices=["auto", "csv", "tsv", "criteo", "parquet"], default="auto",
                    help="the file's format (default: auto, from the suffix and the first lines)")
+    p.add_argument("--delimiter", metavar="D", default="",
+                   help="the field delimiter: one character or several (::), or tab, comma, semicolon, pipe, space (default: guessed)")
+    p.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the first line names the columns (default: guessed)")
+    p.add_argument("--encoding", default="", metavar="NAME",
+                   help="the text encoding, e.g. latin-1 (default: UTF-8, lines that are not read as latin-1 with a note)")
     p.add_argument("--out", metavar="FILE", help="write the inferred schema as a config TOML for `train --config` (default: print only)")
     p.set_defaults(func=cmd_inspect)
 

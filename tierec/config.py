@@ -76,7 +76,8 @@ class SchemaConfig:
     preset: str = ""
     dense_transform: str = ""  # "none" | "log1p"; "" = log1p for the criteo preset, else none
     categorical_encoding: str = ""  # "hash" | "hex"; "" = hex for the criteo preset, else hash
-    delimiter: str = ""  # CSV/TSV field delimiter; "" = from the format ("," for csv, tab for tsv)
+    # CSV/TSV field delimiter, one character or several (MovieLens' "::"); "" = from the format ("," for csv, tab for tsv).
+    delimiter: str = ""
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -89,8 +90,8 @@ class SchemaConfig:
             raise ConfigError(f"data.schema.dense_transform {self.dense_transform!r} is not one of none, log1p")
         if self.categorical_encoding not in {"", "hash", "hex"}:
             raise ConfigError(f"data.schema.categorical_encoding {self.categorical_encoding!r} is not one of hash, hex")
-        if len(self.delimiter) > 1:
-            raise ConfigError(f"data.schema.delimiter must be one character, got {self.delimiter!r}")
+        if any(ch in self.delimiter for ch in '\r\n"\x1f'):
+            raise ConfigError(f"data.schema.delimiter must not hold a line end, a quote or \\x1f, got {self.delimiter!r}")
         if not self.separator:
             raise ConfigError("data.schema.separator must not be empty")
         missing = [c for c in self.multi_valued if c not in self.categorical]
@@ -150,8 +151,11 @@ class DataConfig:
     # "tail": test (and validation) are the last rows of the file; "hash": each row goes to train, validation or
     # test by a stable hash of `split_key` (a categorical column, e.g. "user", so a user's rows stay together) or,
     # with split_key = "", of its row number. Fractions come from the *_fraction keys (or *_rows / file rows).
+    # "column": the rows with the largest values of `split_column` (e.g. a Unix timestamp) are test, the
+    # validation rows just below them (equal values stay in one split; rows without a number train).
     split: str = "tail"
     split_key: str = ""  # with split = "hash": the categorical column whose value decides the split ("" = the row number)
+    split_column: str = ""  # with split = "column": the column whose largest values are test (e.g. a timestamp)
     # Training order: chunks of `shuffle_chunk_rows` rows (file ranges, shard record batches) in a new order each
     # epoch, then a shuffle buffer of `shuffle_buffer` rows; seeded by train.seed, so a resumed run sees the same rows.
     shuffle: bool = True
@@ -183,10 +187,12 @@ class DataConfig:
             raise ConfigError("data.validation_rows must be >= 0 and data.validation_fraction in [0, 1)")
         if self.test_fraction + self.validation_fraction >= 1:
             raise ConfigError("data.test_fraction + data.validation_fraction must be below 1")
-        if self.split not in {"tail", "hash"}:
-            raise ConfigError(f"data.split {self.split!r} is not one of tail, hash")
+        if self.split not in {"tail", "hash", "column"}:
+            raise ConfigError(f"data.split {self.split!r} is not one of tail, hash, column")
         if self.split_key and self.split != "hash":
             raise ConfigError("data.split_key needs data.split = \"hash\"")
+        if (self.split == "column") != bool(self.split_column):
+            raise ConfigError("data.split_column names the column of data.split = \"column\" (set both, or neither)")
         if self.shuffle_buffer < 1 or self.shuffle_chunk_rows < 1:
             raise ConfigError("data.shuffle_buffer and data.shuffle_chunk_rows must be >= 1")
         if self.prefetch_batches < 1:

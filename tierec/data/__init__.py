@@ -19,7 +19,7 @@ from tierec.data.planted import PlantedModel, cardinalities
 from tierec.data.schema import CRITEO_CARDINALITIES, CRITEO_CATEGORICAL, CRITEO_DENSE, Schema, criteo_schema, resolve_schema
 from tierec.data.preprocess import preprocess
 from tierec.data.shards import Manifest, ShardSet
-from tierec.data.source import BatchSource, infer_format, open_source
+from tierec.data.source import BatchSource, Dataset, SplitWarning, infer_format, open_dataset, open_source
 from tierec.data.synthetic import SyntheticData, planted_logits, planted_scores
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "CRITEO_DENSE",
     "BackgroundLoader",
     "BatchSource",
+    "Dataset",
     "DataError",
     "MalformedRowError",
     "MalformedRowsWarning",
@@ -37,10 +38,12 @@ __all__ = [
     "ProblemReport",
     "Schema",
     "ShardSet",
+    "SplitWarning",
     "SyntheticData",
     "cardinalities",
     "criteo_schema",
     "infer_format",
+    "open_dataset",
     "open_source",
     "planted_logits",
     "planted_scores",

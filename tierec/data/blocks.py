@@ -39,6 +39,7 @@ class RowBlock:
     n_features: int
     one_hot: bool = False  # every bag holds exactly one id (offsets == arange)
     rows: np.ndarray | None = None  # [n] int64 0-based data row of the file each row came from (files only)
+    order: np.ndarray | None = None  # [n] float64 value of the split column (a column split's file blocks only)
 
     @property
     def size(self) -> int:
@@ -76,21 +77,26 @@ class RowBlock:
         """The same block tagged with the file rows it came from."""
         return dataclasses.replace(self, rows=rows)
 
+    def with_order(self, order: np.ndarray | None) -> RowBlock:
+        """The same block with its rows' split-column values."""
+        return dataclasses.replace(self, order=order)
+
     def select(self, keep: np.ndarray) -> RowBlock:
         """The rows where ``keep`` [n] bool is true, or at the indices ``keep`` [m] int, in that order."""
         n, nf = self.size, self.n_features
         rows = None if self.rows is None else self.rows[keep]
+        order = None if self.order is None else self.order[keep]
         if self.one_hot:
             ids = self.values.reshape(nf, n)[:, keep]
-            return RowBlock.from_ids(self.labels[keep], self.dense[keep], ids).with_rows(rows)
+            return RowBlock.from_ids(self.labels[keep], self.dense[keep], ids).with_rows(rows).with_order(order)
         if keep.dtype != np.bool_:  # indices (a permutation or a subset)
-            return self._gather(keep, rows)
+            return self._gather(keep, rows).with_order(order)
         lengths = np.diff(self.offsets).reshape(nf, n)  # [F, n]
         bag_keep = np.repeat(np.broadcast_to(keep, (nf, n)).reshape(-1), lengths.reshape(-1))
         kept = lengths[:, keep]
         offsets = np.zeros(kept.size + 1, np.int64)
         np.cumsum(kept.reshape(-1), out=offsets[1:])
-        return RowBlock(self.labels[keep], self.dense[keep], self.values[bag_keep], offsets, nf, rows=rows)
+        return RowBlock(self.labels[keep], self.dense[keep], self.values[bag_keep], offsets, nf, rows=rows, order=order)
 
 
     def _gather(self, idx: np.ndarray, rows: np.ndarray | None) -> RowBlock:

@@ -70,6 +70,33 @@ def _flag_invalid_utf8(arr: pa.Array, err: np.ndarray, code: int) -> None:
                 err[i] = code
 
 
+def number_values(arr: pa.Array) -> np.ndarray:
+    """[n] float64 of a column: text parsed as numbers, times as their integer count; NaN where missing or not a number."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr, t = arr.cast(t.value_type), t.value_type
+    if pa.types.is_temporal(t):
+        arr = pc.cast(arr, pa.int64())
+    elif _is_string(t):
+        try:
+            text = pc.cast(arr, pa.string()) if not pa.types.is_string(t) else arr
+            text = pc.if_else(pc.equal(pc.utf8_trim_whitespace(text), ""), pa.scalar(None, pa.string()), text)
+            arr = pc.cast(text, pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a value that is not a number (or not UTF-8): one by one
+            return np.array([_number_or_nan(v) for v in arr.to_pylist()], np.float64)
+    out = pc.cast(arr, pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+    return np.asarray(out, np.float64)
+
+
+def _number_or_nan(v: object) -> float:
+    try:
+        return float(v.decode("utf-8", "replace") if isinstance(v, bytes) else v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 class BlockParser:
     """Parses record batches of one schema. Error code k names column ``codes[k - 1]``."""
 
@@ -101,7 +128,10 @@ class BlockParser:
                 features.append(self._bags(arr, f, err, code))
             else:
                 features.append((self._ids(arr, f, err, code), None))
-        return RowBlock.from_features(labels, dense, features), err
+        block = RowBlock.from_features(labels, dense, features)
+        if s.order_column:
+            block = block.with_order(number_values(self._column(batch, s.order_column)))
+        return block, err
 
     def problem(self, batch: pa.RecordBatch, row: int, code: int) -> str:
         """A one-line description of why ``row`` got error ``code``."""

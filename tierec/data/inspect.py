@@ -1,25 +1,29 @@
-"""``tierec inspect FILE``: each column's inferred role, with counts, and a schema TOML to edit.
+"""``tierec inspect FILE``: each column's inferred role, with counts and the reason, and a schema TOML to edit.
 
 Reads a bounded sample (the first ``max_rows`` rows, 100,000 by default) of a
-CSV / TSV file with or without a header, a raw Criteo TSV (no header, label,
-13 integer and 26 hex columns), or a Parquet file. For every column it counts
-the values read, distinct values, missing (empty) and malformed ones (not a
-number in a column that is mostly numbers), and infers a role:
+CSV / TSV / ``::``-separated file with or without a header, a raw Criteo TSV
+(label, 13 integer and 26 hex columns), or a Parquet file. How a text file is
+written (encoding, delimiter, quoting, header) is :mod:`tierec.data.sniff`'s
+guess. For every column it counts the values read, distinct values, missing
+(empty) and malformed ones (not a number in a numeric or label column), and
+infers a role, each with its reason (:attr:`ColumnReport.reason`):
 
-- ``label``: a column of 0/1 values (the first one named like a label, else the
-  first 0/1 column), or a numeric column named like a label or rating (then
-  ``data.schema.label_threshold`` must turn it into clicks: the TOML says so);
-- ``numeric``: mostly numbers -> ``data.schema.dense``; except integer columns
-  named like ids (``user``, ``item_id``, ``movieId``, ...) or codes (``C14``,
-  ``banner_pos``, ``device_type``, ...), which are categorical;
-- ``categorical``: anything else;
-- ``key``: a categorical column with a different value in every row (at least
-  1,000 rows read): a row key, left out of the features (each id would be seen
-  once) and named in the TOML for ``tierec predict --key``;
-- ``multi-valued``: categorical values holding a separator (``|``, ``;``, or
-  ``,`` in a TSV) in at least 5% of the rows, with the separator.
+- ``label``: a 0/1 column (named like a label first), else a numeric column named
+  like a label or rating, else a column of few small whole numbers (a rating
+  scale such as 1-5 or -10..10); not 0/1, it gets a proposed threshold. Without
+  any, a count column (times used, plays) is proposed with a threshold;
+- ``timestamp``: whole numbers that are Unix times (seconds or milliseconds):
+  left out of the features and proposed as the split column;
+- ``numeric``: numbers (letters in no more than a few values); except whole
+  numbers named like ids or codes, or, without a header, spread evenly over
+  their range like ids (``categorical``);
+- ``categorical``: anything else, including a column with letters mixed with
+  digits in some values (an ISBN);
+- ``multi-valued``: categorical values holding a separator in >= 5% of rows;
+- ``key`` / ``constant``: a categorical column with a different value in (nearly)
+  every one of >= 1,000 rows, or a column with one value: left out.
 
-The schema TOML (:func:`schema_toml`) is a config file for ``tierec train --config``.
+The schema TOML is :func:`tierec.data.inspect_toml.schema_toml`.
 
 >>> import tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "t.csv")
@@ -27,32 +31,38 @@ The schema TOML (:func:`schema_toml`) is a config file for ``tierec train --conf
 >>> report = inspect_file(path)
 >>> [(c.name, c.role) for c in report.columns]
 [('user', 'categorical'), ('price', 'numeric'), ('tags', 'multi-valued'), ('clicked', 'label')]
->>> print(schema_toml(report).split("[data.schema]")[1].strip().splitlines()[0])
-label = "clicked"
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tierec.data.errors import DataError
+from tierec.data.sniff import Sample, number, read_sample
 
 DEFAULT_SAMPLE_ROWS = 100_000
 _LABEL_NAMES = re.compile(r"^(label|labels|click|clicks|clicked|is_click|target|y|conversion|converted|purchase|purchased)$", re.I)
 _RATING_NAMES = re.compile(r"rating|score|stars", re.I)
+_COUNT_NAMES = re.compile(r"(^|_)(cnt|count|counts|weight|plays|playcount|play_count|times|freq|frequency|clicks|views|uses)$", re.I)
+_TIME_NAMES = re.compile(r"(^|_)(time|timestamp|ts|date|datetime|unixtime|unix_time)$", re.I)
 _ID_NAMES = re.compile(r"(^|_)(id|ids|uid|iid|user|users|item|items|movie|product|ad|advertiser|campaign|query|session|userid|itemid)$", re.I)
 # Integer codes, not quantities: Criteo's and Avazu's anonymised C1, C14, ..., and columns named like a kind of thing.
 _CODE_NAMES = re.compile(r"(^|_)(c\d+|type|pos|position|category|code|class|kind|occupation|gender|zip|zipcode|country|city)$", re.I)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # movieId -> movie_Id, ItemID -> Item_ID
+_LETTER = re.compile(r"[A-Za-z]")
+_DIGIT = re.compile(r"[0-9]")
 _SEPARATORS = ("|", ";", ",")
 _HEX = re.compile(r"^[0-9a-fA-F]{8}$")
 CRITEO_FIELDS = 40
-KEY_MIN_ROWS = 1_000  # a column with a different value in every one of at least this many rows is a row key
+KEY_MIN_ROWS = 1_000  # a column with a different value in (nearly) every one of at least this many rows is a row key
+NEAR_UNIQUE = 0.9  # ... "nearly": this share of its values distinct
+UNIX_SECONDS = (1e8, 4.2e9)  # 1973 .. 2103
+UNIX_MILLISECONDS = (1e11, 4.2e12)
 
 
 def _words(name: str) -> str:
@@ -79,13 +89,26 @@ class ColumnReport:
     integers: int = 0  # ... that are whole numbers
     binary: bool = False  # every number is 0 or 1, and every value a number
     high: float = -math.inf  # the largest number
+    low: float = math.inf  # the smallest number
+    median: float = math.nan  # of the numbers
+    increasing: float = 0.0  # share of consecutive numbers that do not decrease
+    coded: int = 0  # values that are not numbers but mix letters and digits (ISBN 034545104X)
+    example: str = ""  # one such value
     separator: str = ""  # for a multi-valued column
-    role: str = ""  # label | numeric | categorical | multi-valued | key
+    role: str = ""  # label | numeric | categorical | multi-valued | key | constant | timestamp
+    reason: str = ""  # why that role, one short clause
+    threshold: float = math.nan  # a label's proposed label_threshold (nan: 0/1 labels)
+    positives: float = math.nan  # the share of sample rows at or above it
+    threshold_reason: str = ""  # why that threshold
 
     @property
     def malformed(self) -> int:
         """Values that are not numbers in a numeric or label column (0 for the other roles)."""
         return self.values - self.missing - self.numbers if self.role in ("numeric", "label") else 0
+
+    @property
+    def left_out(self) -> bool:
+        return self.role in ("key", "constant", "timestamp")
 
 
 @dataclass
@@ -98,59 +121,189 @@ class InspectReport:
     columns: list[ColumnReport] = field(default_factory=list)
     malformed_rows: int = 0  # text rows with the wrong number of fields (not counted in the columns)
     truncated: bool = False  # the file has more rows than were read
+    notes: list[str] = field(default_factory=list)  # about the file as a whole (encoding, order)
+    grouped_by: str = ""  # a categorical column whose values come in one run each (the file is sorted by it)
 
     def column(self, role: str) -> list[ColumnReport]:
         return [c for c in self.columns if c.role == role]
 
 
-def _number(text: str) -> float | None:
-    try:
-        x = float(text)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
+def _stats(name: str, values: list[str | None], delimiter: str) -> tuple[ColumnReport, dict[str, int], list[float]]:
+    c = ColumnReport(name=name, values=len(values))
+    seen: set[str] = set()
+    with_sep = {s: 0 for s in _SEPARATORS if s != delimiter}
+    nums: list[float] = []
+    binary = True
+    for v in values:
+        if v is None or v == "":
+            c.missing += 1
+            continue
+        seen.add(v)
+        x = number(v)
+        if x is None:
+            binary = False
+            if _LETTER.search(v) and _DIGIT.search(v):
+                c.coded += 1
+                c.example = c.example or v
+            for s in with_sep:
+                if s in v:
+                    with_sep[s] += 1
+            continue
+        nums.append(x)
+        if x == int(x):
+            c.integers += 1
+        if x not in (0.0, 1.0):
+            binary = False
+    c.numbers = len(nums)
+    c.distinct = len(seen)
+    c.binary = binary and c.numbers > 0
+    if nums:
+        a = np.asarray(nums)
+        c.low, c.high, c.median = float(a.min()), float(a.max()), float(np.median(a))
+        c.increasing = float(np.mean(np.diff(a) >= 0)) if a.size > 1 else 0.0
+    return c, with_sep, nums
 
 
-def _sample_text(path: Path, max_rows: int) -> tuple[str, list[list[str]], bool, int]:
-    """(delimiter, rows of fields, more rows left, rows with a field count unlike the first row's)."""
-    with path.open(newline="") as f:
-        first = f.readline()
-        if not first:
-            raise DataError(f"{path}: the file is empty")
-        delimiter = "\t" if "\t" in first else ","
-        f.seek(0)
-        rows: list[list[str]] = []
-        bad = 0
-        width = None
-        more = False
-        for row in csv.reader(f, delimiter=delimiter):
-            if len(rows) + bad >= max_rows + 1:  # + 1: a header line does not count as a data row
-                more = True
-                break
-            if width is None:
-                width = len(row)
-            if len(row) != width:
-                bad += 1
-                continue
-            rows.append(row)
-    return delimiter, rows, more, bad
+def _column(name: str, values: list[str | None], delimiter: str, named: bool = True) -> ColumnReport:
+    """One column's counts, role and reason; ``named``: the name is the file's (not c0, c1, ... of a headerless file)."""
+    c, with_sep, _ = _stats(name, values, delimiter)
+    present = c.values - c.missing
+    if c.distinct <= 1:
+        c.role = "constant"
+        value = next((v for v in values if v), "")
+        c.reason = "every value is empty" if not present else f"one value ({value!r}) in every row" + (
+            f" that has one ({c.missing:,} are empty)" if c.missing else "")
+        return c
+    if present and c.numbers > present / 2 and c.coded < max(1, 0.005 * present):
+        _numeric_role(c, named)
+    else:
+        c.role = "categorical"
+        c.reason = f"letters with digits in {c.coded:,} values (e.g. {c.example!r}): codes, not numbers" if c.coded else "text"
+    if present and c.role == "categorical" and c.numbers <= present / 2:
+        sep, count = max(with_sep.items(), key=lambda kv: kv[1], default=("", 0))
+        if count >= 0.05 * present:
+            c.role, c.separator = "multi-valued", sep
+            c.reason = f"{sep!r} inside {count:,} values: several values per row"
+    if c.role == "categorical" and present >= KEY_MIN_ROWS and c.distinct >= NEAR_UNIQUE * present:
+        c.role = "key"  # (nearly) every id seen once: no signal to learn, but what `predict --key` wants
+        c.reason = f"{c.distinct:,} distinct values in {present:,} rows: nearly every value seen once, nothing to learn"
+    return c
 
 
-def _looks_like_header(rows: list[list[str]]) -> bool:
-    """The first row has no numbers where the following rows mostly have them, or only distinct non-numbers."""
-    if len(rows) < 2:
-        return all(_number(v) is None for v in rows[0])
-    first, rest = rows[0], rows[1 : 101]
-    for j, v in enumerate(first):
-        if _number(v) is None and v != "":
-            below = sum(_number(r[j]) is not None for r in rest)
-            if below > len(rest) / 2:
-                return True
-    return all(_number(v) is None and v != "" for v in first) and len(set(first)) == len(first)
+def _numeric_role(c: ColumnReport, named: bool) -> None:
+    whole = c.integers == c.numbers
+    seconds = UNIX_SECONDS[0] <= c.low and c.high <= UNIX_SECONDS[1]
+    millis = UNIX_MILLISECONDS[0] <= c.low and c.high <= UNIX_MILLISECONDS[1]
+    if whole and (seconds or millis) and (c.distinct >= 10 or (named and _TIME_NAMES.search(_words(c.name)))):
+        c.role = "timestamp"
+        scale = 1000 if millis else 1
+        years = "-".join(str(1970 + int(x / scale / 31_557_600)) for x in (c.low, c.high))
+        order = "increasing through the file" if c.increasing >= 0.99 else "not in time order in the file"
+        c.reason = f"Unix times ({years}; {order}): the split column, not a feature (test rows come after training rows)"
+        return
+    if whole and not c.binary and named and (id_named(c.name) or code_named(c.name)):
+        c.role, c.reason = "categorical", "whole numbers named like ids or codes"
+        return
+    if whole and not named and c.low >= 0 and c.distinct >= 100 and c.median >= 0.2 * c.high:
+        c.role = "categorical"
+        c.reason = f"{c.distinct:,} whole numbers spread evenly over {c.low:.0f}..{c.high:.0f} (median {c.median:.0f}): ids, not amounts"
+        return
+    c.role = "numeric"
+    c.reason = f"numbers from {c.low:g} to {c.high:g}"
+    if c.numbers < c.values - c.missing:
+        c.reason += f" ({c.values - c.missing - c.numbers:,} values are not: malformed, skipped in training)"
 
 
-def _is_criteo(rows: list[list[str]], delimiter: str) -> bool:
-    if delimiter != "\t" or not rows or len(rows[0]) != CRITEO_FIELDS:
+def _propose_threshold(c: ColumnReport, nums: list[float]) -> None:
+    """A label_threshold for a label that is not 0/1, and the share of rows it makes positive."""
+    a = np.asarray(nums)
+    if c.low < 0 < c.high:  # a scale around 0 (jokes, -10..10): the ratings of 0 and above
+        c.threshold = 0.0
+        why = "ratings of 0 and above"
+    elif c.role == "label" and c.reason.startswith("counts"):
+        values = np.unique(a)
+        at_least = np.array([(a >= v).mean() for v in values])
+        c.threshold = float(values[np.argmax(at_least <= 0.5)]) if (at_least <= 0.5).any() else float(values[-1])
+        why = "the heavier half of the uses"
+    else:  # a scale from low to high (1-5): the top quarter of it
+        c.threshold = c.low + math.ceil(0.75 * (c.high - c.low))
+        why = f"the top of the {c.low:g}..{c.high:g} scale"
+    c.positives = float((a >= c.threshold).mean()) if a.size else math.nan
+    c.threshold_reason = f"values >= {c.threshold:g} ({why}, {c.positives:.0%} of the rows read) are positives"
+
+
+def _choose_label(columns: list[ColumnReport], values: dict[str, list[float]]) -> None:
+    numeric = [c for c in columns if c.role == "numeric"]
+    binary = [c for c in numeric if c.binary]
+    named = [c for c in binary if _LABEL_NAMES.match(c.name)]
+    rating = [c for c in numeric if not c.binary and (_RATING_NAMES.search(c.name) or _LABEL_NAMES.match(c.name))]
+    scale = [c for c in numeric if not c.binary and c.integers == c.numbers and 2 <= c.distinct <= 21 and -10 <= c.low and c.high <= 10]
+    counts = [c for c in numeric if c.integers == c.numbers and c.low >= 0 and (_COUNT_NAMES.search(_words(c.name)) or len(numeric) == 1)]
+    why = {"named": "0/1 values, named like a label", "binary": "0/1 values", "rating": "numbers named like a rating",
+           "scale": "few small whole numbers: a rating scale",
+           "counts": "counts (no 0/1 or rating column: every row is a use; the label says which uses are heavy)"}
+    for kind, group in (("named", named), ("binary", binary), ("rating", rating), ("scale", scale), ("counts", counts)):
+        if group:
+            pick = group[0]
+            pick.role, pick.reason = "label", why[kind]
+            if not pick.binary:
+                _propose_threshold(pick, values[pick.name])
+            return
+
+
+def _grouped(columns: list[ColumnReport], cols: dict[str, list[str]]) -> str:
+    """A categorical column whose values each come in one run (the file is sorted by it), or ""."""
+    for c in columns:
+        v = cols.get(c.name)
+        if c.role != "categorical" or not v or c.distinct < 20 or 2 * c.distinct > len(v):
+            continue
+        runs = 1 + sum(a != b for a, b in zip(v, v[1:]))
+        if runs == c.distinct:
+            return c.name
+    return ""
+
+
+def inspect_file(
+    path: str | Path, max_rows: int = DEFAULT_SAMPLE_ROWS, fmt: str = "auto", *,
+    delimiter: str = "", header: bool | None = None, encoding: str = "",
+) -> InspectReport:
+    """Read up to ``max_rows`` rows of ``path`` and infer each column's role (see the module docstring).
+
+    ``delimiter``, ``header`` and ``encoding`` say how a text file is written instead of guessing it.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file")
+    if max_rows < 1:
+        raise DataError(f"--rows must be >= 1, got {max_rows}")
+    if encoding:
+        try:
+            "".encode(encoding)
+        except LookupError:
+            raise DataError(f"--encoding {encoding!r} is not an encoding Python knows") from None
+    if fmt == "parquet" or (fmt == "auto" and p.suffix.lower() in (".parquet", ".pq")):
+        return _inspect_parquet(p, max_rows)
+    if not delimiter and fmt in ("tsv", "criteo"):
+        delimiter = "\t"
+    s = read_sample(p, max_rows, delimiter=delimiter, header=header, encoding=encoding)
+    if not s.rows:
+        raise DataError(f"{p}: no rows" + (" below the header" if s.header else ""))
+    if _is_criteo(s) and fmt in ("auto", "criteo", "tsv") and header is not True:
+        return _criteo_report(p, s)
+    text_format = "tsv" if s.delimiter == "\t" else "csv"
+    report = InspectReport(str(p), text_format, len(s.rows), s.header, s.delimiter, malformed_rows=s.bad_width,
+                           truncated=s.more, notes=list(s.notes))
+    cols = {name: [r[j] for r in s.rows] for j, name in enumerate(s.names)}
+    report.columns = [_column(name, cols[name], s.delimiter, named=s.header) for name in s.names]
+    values = {c.name: [x for x in (number(v) for v in cols[c.name] if v) if x is not None] for c in report.columns}
+    _choose_label(report.columns, values)
+    report.grouped_by = _grouped(report.columns, cols)
+    return report
+
+
+def _is_criteo(s: Sample) -> bool:
+    rows = s.rows if not s.header else s.rows
+    if s.delimiter != "\t" or s.header or not rows or len(rows[0]) != CRITEO_FIELDS:
         return False
     sample = rows[:100]
     labels_ok = all(r[0] in ("0", "1") for r in sample)
@@ -158,85 +311,14 @@ def _is_criteo(rows: list[list[str]], delimiter: str) -> bool:
     return labels_ok and hex_ok
 
 
-def _column(name: str, values: list[str | None], delimiter: str, named: bool = True) -> ColumnReport:
-    """One column's counts and role; ``named``: the name is the file's (not c0, c1, ... of a headerless file)."""
-    c = ColumnReport(name=name, values=len(values))
-    seen: set[str] = set()
-    with_sep = {s: 0 for s in _SEPARATORS if s != delimiter}
-    binary = True
-    for v in values:
-        if v is None or v == "":
-            c.missing += 1
-            continue
-        seen.add(v)
-        x = _number(v)
-        if x is None:
-            binary = False
-            for s in with_sep:
-                if s in v:
-                    with_sep[s] += 1
-            continue
-        c.numbers += 1
-        c.high = max(c.high, x)
-        if x == int(x):
-            c.integers += 1
-        if x not in (0.0, 1.0):
-            binary = False
-    c.distinct = len(seen)
-    present = c.values - c.missing
-    c.binary = binary and present > 0
-    numeric = present > 0 and c.numbers > present / 2
-    if numeric:
-        codes = c.integers == c.numbers and not c.binary and named and (id_named(name) or code_named(name))
-        c.role = "categorical" if codes else "numeric"
-    else:
-        c.role = "categorical"
-        if present:
-            sep, count = max(with_sep.items(), key=lambda kv: kv[1], default=("", 0))
-            if count >= 0.05 * present:
-                c.role, c.separator = "multi-valued", sep
-    if c.role == "categorical" and present >= KEY_MIN_ROWS and c.distinct == present:
-        c.role = "key"  # every id seen once: no signal to learn, but what `predict --key` wants
-    return c
-
-
-def _choose_label(columns: list[ColumnReport]) -> None:
-    binary = [c for c in columns if c.binary and c.role == "numeric"]
-    named = [c for c in binary if _LABEL_NAMES.match(c.name)]
-    rating = [c for c in columns if c.role == "numeric" and (_RATING_NAMES.search(c.name) or _LABEL_NAMES.match(c.name))]
-    pick = (named or binary or rating or [None])[0]
-    if pick is not None:
-        pick.role = "label"
-
-
-def inspect_file(path: str | Path, max_rows: int = DEFAULT_SAMPLE_ROWS, fmt: str = "auto") -> InspectReport:
-    """Read up to ``max_rows`` rows of ``path`` and infer each column's role (see the module docstring)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: no such file")
-    if max_rows < 1:
-        raise DataError(f"--rows must be >= 1, got {max_rows}")
-    if fmt == "parquet" or (fmt == "auto" and p.suffix.lower() in (".parquet", ".pq")):
-        return _inspect_parquet(p, max_rows)
-    delimiter, rows, more, bad = _sample_text(p, max_rows)
-    if not rows:
-        raise DataError(f"{p}: no rows")
-    if _is_criteo(rows, delimiter) and fmt in ("auto", "criteo", "tsv"):
-        rows = rows[:max_rows]
-        names = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-        report = InspectReport(str(p), "criteo", len(rows), False, delimiter, malformed_rows=bad, truncated=more)
-        for j, name in enumerate(names):
-            c = _column(name, [r[j] for r in rows], delimiter)
-            c.role = "label" if j == 0 else ("numeric" if j < 14 else "categorical")
-            report.columns.append(c)
-        return report
-    header = _looks_like_header(rows)
-    names = rows[0] if header else [f"c{j}" for j in range(len(rows[0]))]
-    data = rows[1:] if header else rows
-    data, more = data[:max_rows], more or len(data) > max_rows
-    report = InspectReport(str(p), "tsv" if delimiter == "\t" else "csv", len(data), header, delimiter, malformed_rows=bad, truncated=more)
-    report.columns = [_column(name, [r[j] for r in data], delimiter, named=header) for j, name in enumerate(names)]
-    _choose_label(report.columns)
+def _criteo_report(p: Path, s: Sample) -> InspectReport:
+    names = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+    report = InspectReport(str(p), "criteo", len(s.rows), False, "\t", malformed_rows=s.bad_width, truncated=s.more, notes=list(s.notes))
+    for j, name in enumerate(names):
+        c = _column(name, [r[j] for r in s.rows], "\t")
+        c.role = "label" if j == 0 else ("numeric" if j < 14 else "categorical")
+        c.reason = "the Criteo layout"
+        report.columns.append(c)
     return report
 
 
@@ -256,82 +338,18 @@ def _inspect_parquet(p: Path, max_rows: int) -> InspectReport:
             break
     table = pa.Table.from_batches(batches, schema=f.schema_arrow)
     report = InspectReport(str(p), "parquet", table.num_rows, True, "", truncated=f.metadata.num_rows > table.num_rows)
+    values: dict[str, list[float]] = {}
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            values = col.to_pylist()
-            c = ColumnReport(name=name, values=len(values), role="multi-valued", separator="")
-            c.missing = sum(v is None or len(v) == 0 for v in values)
-            c.distinct = len({x for v in values if v for x in v})
+            lists = col.to_pylist()
+            c = ColumnReport(name=name, values=len(lists), role="multi-valued", separator="", reason="a list column")
+            c.missing = sum(v is None or len(v) == 0 for v in lists)
+            c.distinct = len({x for v in lists if v for x in v})
             report.columns.append(c)
             continue
-        values = [None if v is None else (str(v) if not isinstance(v, float) else repr(v)) for v in col.to_pylist()]
-        report.columns.append(_column(name, values, ""))
-    _choose_label(report.columns)
+        text = [None if v is None else (str(v) if not isinstance(v, float) else repr(v)) for v in col.to_pylist()]
+        report.columns.append(_column(name, text, ""))
+        values[name] = [x for x in (number(v) for v in text if v) if x is not None]
+    _choose_label(report.columns, values)
     return report
-
-
-def describe(report: InspectReport) -> str:
-    """The table ``tierec inspect`` prints: one line per column, then the totals."""
-    sample = f"first {report.rows:,} rows" + (" (more in the file)" if report.truncated else " (the whole file)")
-    head = f"{report.path}: {report.format}, {'a header line' if report.header else 'no header line'}, {sample}"
-    lines = [head, f"{'column':<16} {'role':<26} {'distinct':>9} {'missing':>9} {'malformed':>9}"]
-    for c in report.columns:
-        role = c.role + (f" (separator {c.separator!r})" if c.separator else "")
-        if c.role == "label" and not c.binary:
-            role += " (not 0/1: threshold)"
-        if c.role == "key":
-            role = "row key (left out)"
-        lines.append(f"{c.name:<16} {role:<26} {c.distinct:>9,} {c.missing:>9,} {c.malformed:>9,}")
-    if report.malformed_rows:
-        lines.append(f"{report.malformed_rows:,} rows with a different number of fields than the first (skipped here, and in training)")
-    return "\n".join(lines)
-
-
-def _toml_list(names: list[str]) -> str:
-    return "[" + ", ".join(json.dumps(n) for n in names) + "]"
-
-
-def schema_toml(report: InspectReport) -> str:
-    """A config file with ``[data]`` and ``[data.schema]`` for ``tierec train --config``: edit it, then train."""
-    out = [
-        f"# Written by `tierec inspect {report.path}` from its first {report.rows:,} rows: the roles are guesses; edit them.",
-        f"# Then: tierec train --config THIS_FILE --run-dir runs/NAME",
-        "",
-        "[data]",
-        f"source = {json.dumps(str(Path(report.path).resolve()))}",
-        f"format = {json.dumps(report.format)}",
-        "",
-        "[data.schema]",
-    ]
-    if report.format == "criteo":
-        out.append('preset = "criteo"  # label, I1..I13 (log1p), C1..C26 (hex ids)')
-        return "\n".join(out) + "\n"
-    labels = report.column("label")
-    if labels:
-        out.append(f"label = {json.dumps(labels[0].name)}")
-        if not labels[0].binary:
-            out.append("label_threshold = 4  # the label is not 0/1: values >= this are clicks; set it for your data")
-    else:
-        out.append('label = "label"  # no 0/1 column found: name the label column')
-    dense = [c.name for c in report.column("numeric")]
-    categorical = [c.name for c in report.columns if c.role in ("categorical", "multi-valued")]
-    multi = report.column("multi-valued")
-    out.append(f"dense = {_toml_list(dense)}")
-    if any(c.high > 100 for c in report.column("numeric")):
-        # a linear map of raw counts in the thousands saturates the first layers; log(1 + max(x, 0)) keeps their order
-        out.append('dense_transform = "log1p"  # numbers up to ' + f"{max(c.high for c in report.column('numeric')):,.0f}" + '; "none" keeps them as they are')
-    out.append(f"categorical = {_toml_list(categorical)}")
-    if multi:
-        out.append(f"multi_valued = {_toml_list([c.name for c in multi])}")
-        seps = {c.separator for c in multi if c.separator}
-        if seps:
-            out.append(f"separator = {json.dumps(sorted(seps)[0])}" + ("  # columns use different separators" if len(seps) > 1 else ""))
-    for c in report.column("key"):
-        out.append(f"# left out: {c.name!r} has a different value in each of {c.distinct:,} rows (a row key, nothing to learn);")
-        out.append(f"# score new data with `tierec predict ... --key {c.name}`")
-    if report.format in ("csv", "tsv"):
-        if not report.header:
-            out.append("header = false")
-            out.append(f"columns = {_toml_list([c.name for c in report.columns])}")
-    return "\n".join(out) + "\n"

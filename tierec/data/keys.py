@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
 from tierec.config import DataConfig
 from tierec.data.errors import DataError
-from tierec.data.schema import resolve_schema
+from tierec.data.reader import open_reader
 from tierec.data.source import infer_format
-from tierec.data.text import TextFile
 
 
 def read_key_columns(cfg: DataConfig, names: list[str], rows: np.ndarray) -> dict[str, pa.Array]:
@@ -33,38 +31,24 @@ def read_key_columns(cfg: DataConfig, names: list[str], rows: np.ndarray) -> dic
     fmt = infer_format(cfg.source, cfg.format)
     if fmt in ("synthetic", "shards"):
         raise DataError(f"--key needs a raw data file; {cfg.source} is {fmt} data (scores carry the row number)")
-    schema = resolve_schema(cfg.schema, fmt)
-    if fmt == "parquet":
-        file_names = pq.ParquetFile(cfg.source).schema_arrow.names
-        _check(cfg.source, names, file_names)
-        table = pq.read_table(cfg.source, columns=names)
-        return {n: table.column(n).take(pa.array(rows)).combine_chunks() for n in names}
-    file = TextFile.open(cfg.source, schema, label_optional=True)
-    _check(cfg.source, names, list(file.names))
-    head = 1 if file.schema.header else 0
-    skipped: list[int] = []  # 0-based data rows pyarrow rejected (wrong field count)
-
-    def on_invalid(row: pacsv.InvalidRow) -> str:
-        skipped.append(row.number - 1 - head)
-        return "skip"
-
-    table = pacsv.read_csv(
-        cfg.source,
-        read_options=pacsv.ReadOptions(use_threads=False, column_names=list(file.names), skip_rows=head),
-        parse_options=pacsv.ParseOptions(
-            delimiter=file.schema.delimiter,
-            quote_char='"' if file.schema.quoting else False,
-            ignore_empty_lines=False,
-            invalid_row_handler=on_invalid,
-        ),
-        convert_options=pacsv.ConvertOptions(include_columns=names, column_types={n: pa.string() for n in names}),
-    )
-    kept = np.setdiff1d(np.arange(file.data_lines, dtype=np.int64), np.asarray(skipped, np.int64))  # data row of each table row
-    at = pa.array(np.searchsorted(kept, rows))
-    return {n: table.column(n).take(at).combine_chunks() for n in names}
-
-
-def _check(source: str, names: list[str], file_names: list[str]) -> None:
-    absent = [n for n in names if n not in file_names]
+    reader = open_reader(cfg.source, fmt, cfg.schema, label_optional=True)
+    absent = [n for n in names if n not in reader.names]
     if absent:
-        raise DataError(f"{source}: key column(s) {absent} are not in the file; it has {file_names}")
+        raise DataError(f"{cfg.source}: key column(s) {absent} are not in the file; it has {list(reader.names)}")
+    out = {}
+    for name in names:
+        at, values = zip(*reader.column(name)) if reader.num_rows else ((), ())
+        kept = np.concatenate(at) if at else np.zeros(0, np.int64)  # data row of each value
+        column = pa.concat_arrays([_text(v) for v in values]) if values else pa.array([], pa.string())
+        out[name] = column.take(pa.array(np.searchsorted(kept, rows)))
+    return out
+
+
+def _text(values: pa.Array) -> pa.Array:
+    """Text files hand over bytes: as strings (bytes that are not UTF-8 with replacement characters)."""
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        return values
+    try:
+        return pc.cast(values, pa.string())
+    except pa.ArrowInvalid:
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()], pa.string())

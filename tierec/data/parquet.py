@@ -43,11 +43,26 @@ class ParquetFile:
     display: str
     schema: Schema
     row_group_rows: tuple[int, ...]
+    names: tuple[str, ...]  # all columns, in file order
 
     @property
-    def data_lines(self) -> int:
-        """Rows in the file (named like TextFile's so sources treat both alike)."""
+    def num_rows(self) -> int:
+        """Rows in the file."""
         return sum(self.row_group_rows)
+
+    def new_report(self) -> ProblemReport:
+        return ProblemReport(self.display, "row")
+
+    def column(self, name: str) -> Iterator[tuple[np.ndarray, pa.Array]]:
+        """One column, typed, with the 0-based row of each value."""
+        meta = pq.ParquetFile(self.path)
+        try:
+            pos = 0
+            for batch in meta.iter_batches(batch_size=BATCH_ROWS, columns=[name]):
+                yield np.arange(pos, pos + batch.num_rows, dtype=np.int64), batch.column(0)
+                pos += batch.num_rows
+        finally:
+            meta.close()
 
     @staticmethod
     def open(path: str | Path, schema: Schema, label_optional: bool = False) -> ParquetFile:
@@ -73,7 +88,7 @@ class ParquetFile:
         rows = tuple(meta.metadata.row_group(i).num_rows for i in range(meta.num_row_groups))
         if sum(rows) == 0:
             raise DataError(f"{display}: file has no rows")
-        return ParquetFile(p, display, schema, rows)
+        return ParquetFile(p, display, schema, rows, tuple(names))
 
     def blocks(self, first: int, stop: int, report: ProblemReport, strict: bool, batch_rows: int = BATCH_ROWS) -> Iterator[RowBlock]:
         """Well-formed rows ``first..stop-1`` (0-based)."""

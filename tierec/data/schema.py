@@ -49,6 +49,7 @@ class Schema:
     delimiter: str  # CSV/TSV field delimiter ("" for Parquet)
     quoting: bool  # CSV fields may be quoted
     label_threshold: float = math.nan  # nan: labels are 0/1 (or in between); else label >= threshold is 1
+    order_column: str = ""  # a column split's column, read into each block's ``order`` (data.split_column)
 
     @property
     def labeled(self) -> bool:
@@ -57,8 +58,9 @@ class Schema:
 
     @property
     def needed(self) -> tuple[str, ...]:
-        """Every column the reader must find."""
-        return (self.label, *self.dense, *self.categorical) if self.label else (*self.dense, *self.categorical)
+        """Every column the reader must find (each once)."""
+        names = (self.label, *self.dense, *self.categorical) if self.label else (*self.dense, *self.categorical)
+        return names if not self.order_column or self.order_column in names else (*names, self.order_column)
 
     def without_label(self) -> Schema:
         """The schema of the same file without its label column (Criteo's test layout: 39 columns)."""

@@ -20,43 +20,32 @@ raw files are parsed up to that point because malformed rows shift batches).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from tierec.batch import Batch
 from tierec.config import DataConfig
 from tierec.data.blocks import RowBlock, rebatch, skip_rows, to_batch
+from tierec.data.column_split import column_cutoffs
 from tierec.data.errors import DataError, NoSplitError, ProblemReport
-from tierec.data.order import HashSplit, Shuffle, chunk_ranges, shuffle_buffer
-from tierec.data.parquet import ParquetFile
-from tierec.data.schema import Schema, resolve_schema
+from tierec.data.order import Shuffle, shuffle_buffer
+from tierec.data.reader import Reader, open_reader
 from tierec.data.shards import ShardSet
+from tierec.data.splits import ChainRows, FileRows, Rows, ShardRows, SourceMeta, SyntheticRows, file_meta, file_split, split_sizes
 from tierec.data.synthetic import SyntheticData
-from tierec.data.text import TextFile
 
 SPLITS = ("train", "validation", "test", "all")  # all: every row (a file unsplit; synthetic and shards: train then test)
 _SUFFIX_FORMATS = {".txt": "criteo", ".tsv": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
+GROUPED_MIN_VALUES = 20  # a tail split warns when a column's first rows hold at least this many values, each in one run
+_GROUPED_SAMPLE_ROWS = 65536
 
 
-class _Rows(Protocol):
-    """Where a source's rows come from: blocks from an exact row onwards."""
-
-    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        """Blocks from row ``start_row`` on; ``block_rows`` is a size hint (the batch size)."""
-        ...
-
-    def new_report(self) -> ProblemReport | None:
-        """A fresh report for a pass (None: nothing is parsed, keep the recorded one)."""
-        ...
-
-    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        """All rows, chunk by chunk (file ranges, shard record batches) in the order ``rng`` draws."""
-        ...
+class SplitWarning(UserWarning):
+    """A split that is likely to mislead (a tail split of a file sorted by a key column)."""
 
 
 class BatchSource:
@@ -70,7 +59,7 @@ class BatchSource:
     """
 
     def __init__(
-        self, rows: _Rows, meta: SourceMeta, batch_size: int, start_batch: int, drop_last: bool, shuffle: Shuffle | None = None
+        self, rows: Rows, meta: SourceMeta, batch_size: int, start_batch: int, drop_last: bool, shuffle: Shuffle | None = None
     ) -> None:
         self._rows = rows
         self._meta = meta
@@ -144,14 +133,97 @@ class BatchSource:
                 report.warn()
 
 
-@dataclass(frozen=True)
-class SourceMeta:
-    feature_names: tuple[str, ...]
-    dense_names: tuple[str, ...]
-    multi_hot: tuple[str, ...]
-    num_rows: int | None
-    problems: ProblemReport  # before any pass: empty, or what the shards recorded
-    labeled: bool = True  # False: a file without its label column (labels read as 0)
+class Dataset:
+    """One source, opened once (its file scanned, a column split's cutoffs found): every split's batches.
+
+    >>> from tierec.config import DataConfig, SyntheticConfig
+    >>> data = open_dataset(DataConfig(synthetic=SyntheticConfig(train_rows=1000, test_rows=100)))
+    >>> data.source("train", 256).num_batches, data.source("test", 64).num_rows
+    (4, 100)
+    """
+
+    def __init__(self, cfg: DataConfig, label_optional: bool = False) -> None:
+        self.cfg = cfg
+        self.label_optional = label_optional
+        self.format = infer_format(cfg.source, cfg.format)
+        self._reader: Reader | None = None  # opened on first use, then kept
+        self._test_reader: Reader | None = None
+        self._cutoffs: tuple[float, float, dict[str, int]] | None = None
+        self._checked_order = False
+
+    def source(
+        self, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False, shuffle: Shuffle | None = None
+    ) -> BatchSource:
+        """The ``split`` ("train", "validation", "test" or "all") as batches of ``batch_size``.
+
+        ``shuffle`` (training) reads the rows in that epoch's order (:mod:`tierec.data.order`).
+        """
+        if split not in SPLITS:
+            raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        if batch_size <= 0:
+            raise DataError(f"batch_size must be positive, got {batch_size}")
+        if start_batch < 0:
+            raise DataError(f"start_batch must be >= 0, got {start_batch}")
+        rows, meta = self._test_file() if split == "test" and self.cfg.test_source else self._split(split)
+        if self.format == "synthetic":
+            shuffle = None  # synthetic rows are independent draws already
+        return BatchSource(rows, meta, batch_size, start_batch, drop_last, shuffle)
+
+    def reader(self) -> Reader:
+        """The opened file (a DataError for synthetic data and shards)."""
+        if self.format in ("synthetic", "shards"):
+            raise DataError(f"{self.cfg.source} is {self.format} data, not a file")
+        if self._reader is None:
+            order = self.cfg.split_column if self.cfg.split == "column" else ""
+            self._reader = open_reader(self.cfg.source, self.format, self.cfg.schema, self.label_optional, order_column=order)
+        return self._reader
+
+    def _split(self, split: str) -> tuple[Rows, SourceMeta]:
+        cfg = self.cfg
+        if self.format == "synthetic":
+            data = SyntheticData(cfg.synthetic)
+            multi = data.feature_names if cfg.synthetic.ids_per_feature > 1 else ()
+            parts = ("train", "test") if split == "all" else (split,)
+            if split == "validation" and not data.num_rows("validation"):
+                raise NoSplitError("synthetic data has no validation split (data.synthetic.validation_rows is 0)")
+            chain = ChainRows([(SyntheticRows(data, p), data.num_rows(p)) for p in parts])
+            return chain, SourceMeta(data.feature_names, data.dense_names, multi, chain.num_rows, ProblemReport("synthetic"))
+        if self.format == "shards":
+            shards = ShardSet.open(cfg.source)
+            parts = tuple(p for p in ("train", "validation", "test") if p in shards.manifest.splits) if split == "all" else (split,)
+            chain = ChainRows([(ShardRows(shards, p), shards.num_rows(p)) for p in parts])
+            problems = ProblemReport.merged(str(cfg.source), [shards.problems(p) for p in parts])
+            return chain, SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, chain.num_rows, problems)
+        reader = self.reader()
+        if split != "all" and cfg.split == "column" and self._cutoffs is None:
+            n_test, n_val = split_sizes(cfg, reader.num_rows, reader.display)
+            self._cutoffs = column_cutoffs(reader, cfg.split_column, n_test / reader.num_rows, n_val / reader.num_rows)
+        out = file_split(reader, cfg, split, self._cutoffs)
+        if split != "all" and cfg.split == "tail" and not self._checked_order:
+            self._checked_order = True
+            warn_if_grouped(reader)
+        return out
+
+    def _test_file(self) -> tuple[Rows, SourceMeta]:
+        path = self.cfg.test_source
+        fmt = infer_format(path, self.cfg.format)
+        if fmt == "synthetic":
+            raise DataError("data.test_source cannot be 'synthetic'; synthetic data has its own test split")
+        if fmt == "shards":
+            shards = ShardSet.open(path)
+            meta = SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, shards.num_rows("test"), shards.problems("test"))
+            return ShardRows(shards, "test"), meta
+        if self._test_reader is None:
+            self._test_reader = open_reader(path, fmt, self.cfg.schema)
+        reader = self._test_reader
+        return FileRows(reader, 0, reader.num_rows, self.cfg.strict), file_meta(reader, reader.num_rows)
+
+
+def open_dataset(cfg: DataConfig, *, label_optional: bool = False) -> Dataset:
+    """``cfg``'s source, ready to give any split; ``label_optional`` (scoring new data): a file whose header lacks
+    the label column, or whose lines have one field fewer than the schema's columns, is read without labels
+    (``labeled`` is False and the labels read as 0)."""
+    return Dataset(cfg, label_optional)
 
 
 def open_source(
@@ -164,26 +236,11 @@ def open_source(
     label_optional: bool = False,
     shuffle: Shuffle | None = None,
 ) -> BatchSource:
-    """The ``split`` ("train", "test" or "all") of ``cfg.source`` as batches of ``batch_size``.
-
-    ``label_optional`` (scoring new data): a file whose header lacks the label column, or
-    whose lines have one field fewer than the schema's columns, is read without labels
-    (``labeled`` is False and the labels read as 0). ``shuffle`` (training) reads the
-    rows in that epoch's order (:mod:`tierec.data.order`).
-    """
-    if split not in SPLITS:
+    """The ``split`` of ``cfg.source`` as batches: ``open_dataset(cfg).source(split, ...)`` (see :class:`Dataset`)."""
+    if split not in SPLITS:  # before the source is looked at
         raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if batch_size <= 0:
-        raise DataError(f"batch_size must be positive, got {batch_size}")
-    if start_batch < 0:
-        raise DataError(f"start_batch must be >= 0, got {start_batch}")
-    if split == "test" and cfg.test_source:
-        rows, meta = _whole_file_or_source(cfg, cfg.test_source)
-    else:
-        rows, meta = _split_of(cfg, split, label_optional)
-    if infer_format(cfg.source, cfg.format) == "synthetic":
-        shuffle = None  # synthetic rows are independent draws already
-    return BatchSource(rows, meta, batch_size, start_batch, drop_last, shuffle)
+    data = open_dataset(cfg, label_optional=label_optional)
+    return data.source(split, batch_size, start_batch=start_batch, drop_last=drop_last, shuffle=shuffle)
 
 
 def infer_format(source: str, fmt: str = "auto") -> str:
@@ -205,154 +262,28 @@ def infer_format(source: str, fmt: str = "auto") -> str:
     raise DataError(f"{source}: cannot infer the format from the name; set data.format (criteo, csv, tsv, parquet)")
 
 
-def _split_of(cfg: DataConfig, split: str, label_optional: bool = False) -> tuple[_Rows, SourceMeta]:
-    fmt = infer_format(cfg.source, cfg.format)
-    if fmt == "synthetic":
-        data = SyntheticData(cfg.synthetic)
-        multi = data.feature_names if cfg.synthetic.ids_per_feature > 1 else ()
-        parts = ("train", "test") if split == "all" else (split,)
-        if split == "validation" and not data.num_rows("validation"):
-            raise NoSplitError("synthetic data has no validation split (data.synthetic.validation_rows is 0)")
-        rows = _ChainRows([(_SyntheticRows(data, p), data.num_rows(p)) for p in parts])
-        return rows, SourceMeta(data.feature_names, data.dense_names, multi, rows.num_rows, ProblemReport("synthetic"))
-    if fmt == "shards":
-        shards = ShardSet.open(cfg.source)
-        parts = tuple(p for p in ("train", "validation", "test") if p in shards.manifest.splits) if split == "all" else (split,)
-        rows = _ChainRows([(_ShardRows(shards, p), shards.num_rows(p)) for p in parts])
-        problems = ProblemReport.merged(str(cfg.source), [shards.problems(p) for p in parts])
-        return rows, SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, rows.num_rows, problems)
-    file = _open_file(cfg.source, fmt, cfg, label_optional)
-    n = file.data_lines
-    if split == "all":
-        return _FileRows(file, 0, n, cfg.strict), _file_meta(file, n)
-    n_test = 0 if cfg.test_source else cfg.test_rows if cfg.test_rows > 0 else int(round(cfg.test_fraction * n))
-    n_val = cfg.validation_rows if cfg.validation_rows > 0 else int(round(cfg.validation_fraction * n))
-    if n_test + n_val >= n:
-        raise DataError(f"{cfg.source}: the test and validation splits ({n_test} + {n_val} rows) leave no training rows out of {n}")
-    if split == "test" and n_test == 0 and not cfg.test_source:
-        raise NoSplitError(f"{cfg.source}: no test split (data.test_rows and data.test_fraction are 0; or set data.test_source)")
-    if split == "validation" and n_val == 0:
-        raise NoSplitError(f"{cfg.source}: no validation split (data.validation_rows and data.validation_fraction are 0)")
-    if cfg.split == "hash":
-        bounds = {"test": (0.0, n_test / n), "validation": (n_test / n, (n_test + n_val) / n), "train": ((n_test + n_val) / n, 1.0)}
-        keep = HashSplit(*bounds[split], feature=_split_feature(cfg, file.schema))
-        return _FileRows(file, 0, n, cfg.strict, keep), _file_meta(file, keep.count_rows(n))
-    first, stop = {"train": (0, n - n_test - n_val), "validation": (n - n_test - n_val, n - n_test), "test": (n - n_test, n)}[split]
-    return _FileRows(file, first, stop, cfg.strict), _file_meta(file, stop - first)
-
-
-def _split_feature(cfg: DataConfig, schema: Schema) -> int:
-    """The categorical feature a hash split keys on (-1: the row number)."""
-    if not cfg.split_key:
-        return -1
-    if cfg.split_key not in schema.categorical or cfg.split_key in schema.multi_valued:
-        raise DataError(f"data.split_key {cfg.split_key!r} must be a single-valued categorical column of the schema: {list(schema.categorical)}")
-    return schema.categorical.index(cfg.split_key)
-
-
-def _whole_file_or_source(cfg: DataConfig, path: str) -> tuple[_Rows, SourceMeta]:
-    fmt = infer_format(path, cfg.format)
-    if fmt == "synthetic":
-        raise DataError("data.test_source cannot be 'synthetic'; synthetic data has its own test split")
-    if fmt == "shards":
-        shards = ShardSet.open(path)
-        rows = _ShardRows(shards, "test")
-        return rows, SourceMeta(
-            shards.feature_names, shards.dense_names, shards.multi_hot, shards.num_rows("test"), shards.problems("test")
-        )
-    file = _open_file(path, fmt, cfg)
-    return _FileRows(file, 0, file.data_lines, cfg.strict), _file_meta(file, file.data_lines)
-
-
-def _open_file(path: str, fmt: str, cfg: DataConfig, label_optional: bool = False) -> TextFile | ParquetFile:
-    if not Path(path).exists():  # before any schema complaint
-        raise DataError(f"{path}: no such file")
-    schema = resolve_schema(cfg.schema, fmt)
-    if fmt == "parquet":
-        return ParquetFile.open(path, schema, label_optional)
-    return TextFile.open(path, schema, label_optional)
-
-
-def _file_meta(file: TextFile | ParquetFile, num_rows: int) -> SourceMeta:
-    s = file.schema
-    return SourceMeta(s.categorical, s.dense, s.multi_valued, num_rows, _new_report(file), s.labeled)
-
-
-def _new_report(file: TextFile | ParquetFile) -> ProblemReport:
-    return ProblemReport(file.display, "row" if isinstance(file, ParquetFile) else "line")
-
-
-class _SyntheticRows:
-    def __init__(self, data: SyntheticData, split: str) -> None:
-        self.data, self.split = data, split
-
-    def new_report(self) -> ProblemReport | None:
-        return None
-
-    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        return self.data.blocks(self.split, start_row, block_rows)  # generated at the batch size: no re-cutting
-
-    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        return self.data.ranges(self.split, chunk_ranges(0, self.data.num_rows(self.split), chunk_rows, rng))
-
-
-class _FileRows:
-    def __init__(self, file: TextFile | ParquetFile, first: int, stop: int, strict: bool, keep: HashSplit | None = None) -> None:
-        self.file, self.first, self.stop, self.strict, self.keep = file, first, stop, strict, keep
-
-    def new_report(self) -> ProblemReport | None:
-        return _new_report(self.file)
-
-    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        assert report is not None
-        blocks = self._kept(self.file.blocks(self.first, self.stop, report, self.strict))
-        return skip_rows(blocks, start_row) if start_row else blocks
-
-    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        assert report is not None
-        for a, b in chunk_ranges(self.first, self.stop, chunk_rows, rng):
-            yield from self._kept(self.file.blocks(a, b, report, self.strict))
-
-    def _kept(self, blocks: Iterator[RowBlock]) -> Iterator[RowBlock]:
-        if self.keep is None:
-            yield from blocks
+def warn_if_grouped(reader: Reader) -> None:
+    """One :class:`SplitWarning` when the file's first rows hold a key column's values each in one run (sorted by it)."""
+    schema, n = reader.schema, min(reader.num_rows, _GROUPED_SAMPLE_ROWS)
+    single = [f for f, name in enumerate(schema.categorical) if name not in schema.multi_valued]
+    if not single or n < 4 * GROUPED_MIN_VALUES:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # malformed rows: the pass itself reports them
+        blocks = list(reader.blocks(0, n, reader.new_report(), strict=False))
+    if not blocks:
+        return
+    for f in single:
+        ids = np.concatenate([b.feature(f)[0] for b in blocks])
+        distinct = np.unique(ids).size
+        runs = 1 + int(np.count_nonzero(ids[1:] != ids[:-1]))
+        if GROUPED_MIN_VALUES <= distinct == runs and distinct * 2 <= ids.size:
+            name = schema.categorical[f]
+            warnings.warn(
+                f"{reader.display}: the rows are sorted by {name} (each of its {distinct} values in the first {ids.size:,} rows"
+                f" comes in one run), so a tail split tests on {name} values that training never saw; set data.split ="
+                f' "column" with data.split_column = a time column, or "hash"',
+                SplitWarning,
+                stacklevel=4,
+            )
             return
-        for blk in blocks:
-            yield blk.select(self.keep.keep(blk))
-
-
-class _ChainRows:
-    """Several row sources one after the other (the "all" split)."""
-
-    def __init__(self, parts: list[tuple[_Rows, int]]) -> None:
-        self.parts = parts
-        self.num_rows = sum(n for _, n in parts)
-
-    def new_report(self) -> ProblemReport | None:
-        return None
-
-    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        for rows, n in self.parts:
-            if start_row >= n:
-                start_row -= n
-                continue
-            yield from rows.blocks(start_row, block_rows, report)
-            start_row = 0
-
-    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        for rows, _ in self.parts:
-            yield from rows.chunks(rng, chunk_rows, report)
-
-
-class _ShardRows:
-    def __init__(self, shards: ShardSet, split: str) -> None:
-        self.shards, self.split = shards, split
-
-    def new_report(self) -> ProblemReport | None:
-        return None
-
-    def blocks(self, start_row: int, block_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        return self.shards.blocks(self.split, start_row)
-
-    def chunks(self, rng: np.random.Generator, chunk_rows: int, report: ProblemReport | None) -> Iterator[RowBlock]:
-        return self.shards.batches_in_order(self.split, rng)

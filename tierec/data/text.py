@@ -109,6 +109,42 @@ class TextFile:
     def data_lines(self) -> int:
         return self.index.n_lines - (1 if self.schema.header else 0)
 
+    @property
+    def num_rows(self) -> int:
+        """Data lines: an upper bound of the rows when some are malformed."""
+        return self.data_lines
+
+    def new_report(self) -> ProblemReport:
+        return ProblemReport(self.display, "line")
+
+    def column(self, name: str) -> Iterator[tuple[np.ndarray, pa.Array]]:
+        """One column as bytes with the 0-based data row of each value (rows of the wrong width left out)."""
+        head = 1 if self.schema.header else 0
+        tracker = _LineTracker(first_line=head + 1)
+
+        def on_invalid(row: pacsv.InvalidRow) -> str:
+            tracker.invalid.append((-1 if row.number is None else row.number + head, ""))
+            return "skip"
+
+        begin = self.index.offset_of(self.path, head)
+        for batch in pacsv.open_csv(
+            _byte_range(self.path, begin, self.index.size, self.schema.delimiter),
+            read_options=pacsv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES, column_names=list(self.names)),
+            parse_options=self._parse_options(on_invalid),
+            convert_options=pacsv.ConvertOptions(include_columns=[name], column_types={name: pa.binary()}),
+        ):
+            lines, _ = tracker.advance(batch.num_rows)
+            yield lines - (head + 1), batch.column(0)
+
+    def _parse_options(self, on_invalid: Callable[[pacsv.InvalidRow], str]) -> pacsv.ParseOptions:
+        s = self.schema
+        return pacsv.ParseOptions(
+            delimiter=s.delimiter if len(s.delimiter) == 1 else _STAND_IN.decode(),
+            quote_char='"' if s.quoting else False,
+            ignore_empty_lines=False,
+            invalid_row_handler=on_invalid,
+        )
+
     @staticmethod
     def open(path: str | Path, schema: Schema, label_optional: bool = False) -> TextFile:
         """Open and validate; with ``label_optional`` a file without the label column is read unlabeled."""
@@ -121,7 +157,7 @@ class TextFile:
         index = LineIndex.scan(p)
         if index.size == 0:
             raise DataError(f"{display}: file is empty")
-        _refuse_binary(p, display)
+        refuse_binary(p, display)
         if schema.header:
             with p.open("rb") as fh:
                 names = _header_names(fh.readline(), schema, display)
@@ -133,12 +169,15 @@ class TextFile:
         else:
             names = schema.columns
             require_unique_columns(names, display, "data.schema.columns")
-            if label_optional and schema.label in names:  # one field fewer than the schema's columns: no label
-                with p.open("rb") as fh:
-                    fields = len(_header_names(fh.readline(), schema, display))
-                if fields == len(names) - 1:
-                    schema = schema.without_label()
-                    names = schema.columns
+            with p.open("rb") as fh:
+                first = _header_names(fh.readline(), schema, display)
+            trailing = len(first) > 1 and first[-1] == ""  # "a,b,c," : a separator after the last field
+            fields = len(first) - trailing
+            if label_optional and schema.label in names and fields == len(names) - 1:  # one field fewer: no label
+                schema = schema.without_label()
+                names = schema.columns
+            if trailing and fields == len(names):
+                names = (*names, "")  # the empty field after the trailing separator, never read
         absent = [c for c in schema.needed if c not in names]
         if absent:
             raise DataError(f"{display}: schema names column(s) {absent} that the file does not have; it has {list(names)}")
@@ -180,18 +219,11 @@ class TextFile:
             return "skip"
 
         def record_batches() -> Iterator[pa.RecordBatch]:  # runs in a prefetch thread
-            with pa.memory_map(str(self.path)) as mm:
-                mm.seek(begin)
-                stream = pa.BufferReader(mm.read_buffer(end - begin))  # zero-copy view of the split
+            with _byte_range(self.path, begin, end, s.delimiter) as stream:
                 yield from pacsv.open_csv(
                     stream,
                     read_options=pacsv.ReadOptions(use_threads=False, block_size=block_bytes, column_names=list(self.names)),
-                    parse_options=pacsv.ParseOptions(
-                        delimiter=s.delimiter,
-                        quote_char='"' if s.quoting else False,
-                        ignore_empty_lines=False,
-                        invalid_row_handler=on_invalid,
-                    ),
+                    parse_options=self._parse_options(on_invalid),
                     convert_options=pacsv.ConvertOptions(
                         include_columns=list(s.needed),
                         column_types={c: pa.binary() for c in s.needed},  # bytes: a non-UTF-8 value costs its row only
@@ -237,11 +269,54 @@ class TextFile:
             report.count_more(joined - 1)
 
 
+_STAND_IN = b"\x1f"  # ASCII unit separator: what a delimiter of several characters becomes for pyarrow
+
+
+def _byte_range(path: Path, begin: int, end: int, delimiter: str) -> Any:
+    """Bytes ``begin..end`` of a file as a stream for pyarrow: a zero-copy view, or with a delimiter of
+    several characters (MovieLens' ``::``) replaced by one byte, line by line, as pyarrow reads it."""
+    if len(delimiter) <= 1:
+        mm = pa.memory_map(str(path))
+        mm.seek(begin)
+        return pa.BufferReader(mm.read_buffer(end - begin))  # zero-copy view of the split
+    return io.BufferedReader(_Replaced(path, begin, end, delimiter.encode("utf-8")), buffer_size=BLOCK_BYTES)
+
+
+class _Replaced(io.RawIOBase):
+    """A byte range of a file with ``old`` replaced by :data:`_STAND_IN`, cut at newlines (which no delimiter holds)."""
+
+    def __init__(self, path: Path, begin: int, end: int, old: bytes) -> None:
+        super().__init__()
+        self._file = path.open("rb")
+        self._file.seek(begin)
+        self._left, self._old = end - begin, old
+        self._out, self._tail = b"", b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._out and (self._left or self._tail):
+            chunk = self._file.read(min(BLOCK_BYTES, self._left))
+            self._left -= len(chunk)
+            data = self._tail + chunk
+            cut = data.rfind(b"\n") + 1 if self._left else len(data)
+            self._out, self._tail = data[:cut].replace(self._old, _STAND_IN), data[cut:]
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
 _MAGIC = {b"\x1f\x8b": "gzip-compressed", b"BZh": "bzip2-compressed", b"\xfd7zXZ\x00": "xz-compressed",
           b"\x28\xb5\x2f\xfd": "zstd-compressed", b"PK\x03\x04": "a zip archive", b"PAR1": "a Parquet file"}
 
 
-def _refuse_binary(p: Path, display: str) -> None:
+def refuse_binary(p: Path, display: str) -> None:
     """A one-line error for a file that is not text at all (compressed, an archive, random bytes)."""
     with p.open("rb") as fh:
         head = fh.read(1 << 16)
@@ -289,6 +364,8 @@ class _UnreadableRow(Exception):
 
 def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
     line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not part of the first name
+    if len(schema.delimiter) > 1:
+        line = line.replace(schema.delimiter.encode("utf-8"), _STAND_IN)
     try:
         line.decode("utf-8")
     except UnicodeDecodeError:
@@ -296,7 +373,9 @@ def _header_names(line: bytes, schema: Schema, display: str) -> list[str]:
     try:
         table = pacsv.read_csv(
             io.BytesIO(line),
-            parse_options=pacsv.ParseOptions(delimiter=schema.delimiter, quote_char='"' if schema.quoting else False),
+            parse_options=pacsv.ParseOptions(
+                delimiter=schema.delimiter if len(schema.delimiter) == 1 else _STAND_IN.decode(), quote_char='"' if schema.quoting else False
+            ),
         )
     except pa.ArrowInvalid as e:
         raise DataError(f"{display}: cannot read the header line: {e}") from None

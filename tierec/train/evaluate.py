@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from tierec.config import Config, DataConfig
-from tierec.data import BackgroundLoader, BatchSource, DataError, open_source, prefetch
+from tierec.data import BackgroundLoader, BatchSource, DataError, Dataset, open_dataset, open_source, prefetch
 from tierec.device import is_host
 from tierec.data.blocks import to_batch
 from tierec.data.keys import read_key_columns
@@ -102,9 +102,9 @@ def require_defined(result: dict[str, float], what: str) -> None:
         )
 
 
-def evaluate(cfg: Config, parts: Components, split: str = "test") -> dict[str, float]:
-    """AUC, logloss, row count and positive rate on a split of the configured data."""
-    source = open_source(cfg.data, split, cfg.train.batch_size)
+def evaluate(cfg: Config, parts: Components, split: str = "test", data: Dataset | None = None) -> dict[str, float]:
+    """AUC, logloss, row count and positive rate on a split of the configured data (``data``: that data, already open)."""
+    source = (data or open_dataset(cfg.data)).source(split, cfg.train.batch_size)
     acc = EvalAccumulator()
     for logits, labels in _scores(cfg, parts, source, cfg.train.eval_batches):
         acc.update(logits, labels)

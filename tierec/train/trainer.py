@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from tierec.config import Config, to_dict
-from tierec.data import open_source
+from tierec.data import Dataset, open_dataset
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
 from tierec.store.monitor import StoreMonitor
@@ -134,6 +134,7 @@ class Trainer:
         self._validated_at = -1  # step of the latest validation
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
         self._pipe: TrainPipeline | None = None
+        self._data: Dataset | None = None  # the training data, opened once by the loop
 
     # ------------------------------------------------------------------ fit
 
@@ -165,7 +166,8 @@ class Trainer:
         ckpt_dir = self._own_dir("checkpoints")
 
         # 1. data and model
-        probe = open_source(cfg.data, "train", cfg.train.batch_size)
+        self._data = data = open_dataset(cfg.data)  # opened once: every epoch and evaluation reads through it
+        probe = data.source("train", cfg.train.batch_size)
         parts = self._build(probe)
         pos = Position()
         if self.resume:
@@ -194,7 +196,7 @@ class Trainer:
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
-            source = open_source(cfg.data, "train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
+            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
             with closing(pipe.run(source)) as steps:
                 for step in steps:
                     t0 = time.perf_counter()
@@ -345,7 +347,7 @@ class Trainer:
 
             result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split)
         else:
-            result = evaluate(self.cfg, parts, split)
+            result = evaluate(self.cfg, parts, split, self._data)
         log.write({"kind": "eval", "split": split, "step": pos.step, **result})
         line = f"step {pos.step}: {split} auc {result['auc']:.4f} logloss {result['logloss']:.4f} ({result['rows']} rows)"
         if self.is_main:

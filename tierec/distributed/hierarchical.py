@@ -1,7 +1,8 @@
 """Hierarchical training: a job's components on the ("replica", "shard") mesh (``dist.group_size``).
 
-``Hierarchical.build`` returns None for a flat job (one group: today's run,
-untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
+``Hierarchical(layout, cfg)`` runs on a job's ``layout.Layout`` of several
+groups (``Hierarchical.build`` makes the layout too, and returns None for a flat
+job: today's run, untouched). It applies the layout:
 
 - ``shard_collection``: the embeddings are row-sharded over the rank's group
   (today's ``ShardedEmbeddingCollection`` on the group's ``DistContext``, so
@@ -52,8 +53,7 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.hot import HotReplica
-from tierec.distributed.mesh import Hierarchy
-from tierec.distributed.mesh_shape import MeshShape
+from tierec.distributed.layout import Layout
 from tierec.distributed.row_sync import RowAverager, RowGradientSync
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 from tierec.embedding.collection import EmbeddingCollection
@@ -61,8 +61,7 @@ from tierec.embedding.collection import EmbeddingCollection
 
 @dataclass
 class Hierarchical:
-    ctx: DistContext  # the job
-    hier: Hierarchy
+    layout: Layout  # the job's groups and the mesh (several groups)
     cfg: DistConfig
     traffic: Traffic = field(default_factory=Traffic)  # the dense part's bytes, inside and across groups
     averagers: list[RowAverager] = field(default_factory=list)
@@ -72,23 +71,22 @@ class Hierarchical:
     synced_at: int = 0  # the step of the last average
 
     @staticmethod
-    def shape(ctx: DistContext, cfg: DistConfig) -> MeshShape:
-        return MeshShape.resolve(cfg.group_size, world=ctx.world_size)
-
-    @staticmethod
     def build(ctx: DistContext, cfg: DistConfig) -> Hierarchical | None:
-        """The mesh of a job with more than one group (a collective); None for a flat job."""
-        if not ctx.is_distributed or Hierarchical.shape(ctx, cfg).is_flat:
-            return None
-        return Hierarchical(ctx=ctx, hier=Hierarchy.build(ctx, cfg.group_size), cfg=cfg)
+        """The layout of ``ctx``'s job and its training (a collective); None for a flat job."""
+        layout = Layout.build(ctx, cfg.group_size)
+        return None if layout.is_flat else Hierarchical(layout=layout, cfg=cfg)
+
+    @property
+    def ctx(self) -> DistContext:  # the job
+        return self.layout.job
 
     @property
     def gradients(self) -> bool:
         return self.cfg.cross_group == "gradients"
 
     @property
-    def group_ctx(self) -> DistContext:
-        return self.hier.group_context(self.ctx)
+    def group_ctx(self) -> DistContext:  # the rank's group
+        return self.layout.group
 
     # ------------------------------------------------------------ building
 
@@ -98,17 +96,17 @@ class Hierarchical:
         for shard in coll.shards:
             if self.gradients:
                 shard.grad_divisor = self.ctx.world_size
-                shard.cross = _GradientStep(RowGradientSync(shard.owner, c, self.hier.replica_group, coll.traffic))
+                shard.cross = _GradientStep(RowGradientSync(shard.owner, c, self.layout.replica_group, coll.traffic))
                 # the same hot set in every group: elected from the job's counts, summed over the job;
                 # ownership (rank) stays the shard's within its group
                 job_view = replace(self.group_ctx, world_size=self.ctx.world_size, sparse_group=self.ctx.sparse_group)
                 shard.hot = HotReplica(shard.owner, job_view, self.cfg, coll.traffic)
             else:
-                averager = RowAverager(shard.owner, c, self.hier.replica_group, coll.traffic)
+                averager = RowAverager(shard.owner, c, self.layout.replica_group, coll.traffic)
                 shard.cross = _AverageStep(averager)
                 # hot rows (elected inside the group) change in the group's replica, not in their owner's
                 # storage: the owner anchors the ones it owns from the replica before their first update
-                shard.hot.before_update = _AnchorOwned(averager, shard.owner_of, self.hier.shard)
+                shard.hot.before_update = _AnchorOwned(averager, shard.owner_of, self.layout.shard)
                 self.averagers.append(averager)
         self.collections.append(coll)
         return coll
@@ -124,10 +122,10 @@ class Hierarchical:
         c = codec(self.cfg.compress)
         if self.gradients:
             ddp = DistributedDataParallel(model, process_group=self.ctx.dense_group, forward_sync_buffers=False)
-            ddp.register_comm_hook(HookState(hier=self.hier, codec=c, traffic=self.traffic), hierarchical_hook)
+            ddp.register_comm_hook(HookState(hier=self.layout, codec=c, traffic=self.traffic), hierarchical_hook)
             return ddp
-        ddp = DistributedDataParallel(model, process_group=self.hier.shard_group, forward_sync_buffers=False)
-        self.dense = DenseAverager(list(model.parameters()), c, self.hier.replica_group, self.traffic)
+        ddp = DistributedDataParallel(model, process_group=self.layout.shard_group, forward_sync_buffers=False)
+        self.dense = DenseAverager(list(model.parameters()), c, self.layout.replica_group, self.traffic)
         return ddp
 
     # ------------------------------------------------------------ the loop

@@ -23,8 +23,12 @@ CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
         "tierec.train.preflight"]
 
+DISTRIBUTED = ["tierec.distributed.backends", "tierec.distributed.layout", "tierec.distributed.reducers",
+               "tierec.distributed.group_shard", "tierec.distributed.sharded", "tierec.distributed.hot",
+               "tierec.distributed.hierarchical", "tierec.distributed.job", "tierec.distributed.exchange"]
 
-@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE)
+
+@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE + DISTRIBUTED)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -31,6 +31,8 @@ that runs yet.
 >>> lay = Layout.build(DistContext.single(), group_size=0)   # one process: no groups, no collective
 >>> lay.is_flat, lay.group is lay.job, lay.replica, lay.shard, lay.replica_group is None
 (True, True, 0, 0, True)
+>>> Layout.build(DistContext.single(), group_size=2).is_flat   # one process: dist.group_size groups nothing
+True
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class Layout:
         With several groups this creates their process groups: every rank of the job must call it, in the
         same order (a collective). A flat job creates none.
         """
-        shape = MeshShape.resolve(group_size, world=job.world_size)
+        # one process: nothing to group (a run resumed alone from a mesh's checkpoint keeps its dist.group_size)
+        shape = MeshShape.resolve(group_size if job.is_distributed else 0, world=job.world_size)
         if shape.is_flat:
             return Layout(job=job, shape=shape, group=job)
         from torch.distributed.device_mesh import init_device_mesh

@@ -121,8 +121,6 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError("wrap an empty EmbeddingCollection: rows are placed by their owner")
         self.sharding = Sharding(ctx=ctx, cfg=cfg, reducer=reducer if reducer is not None else ExactSum(ctx.world_size),
                                  hot=hot if hot is not None else HotPolicy.over(cfg, ctx))
-        self.ctx = ctx
-        self.cfg = cfg
         self.local = local
         self.feature_names = local.feature_names
         self.tables = local.tables
@@ -137,6 +135,14 @@ class ShardedEmbeddingCollection(nn.Module):
         *, seed: int = 0,
     ) -> ShardedEmbeddingCollection:
         return cls(EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device), ctx, cfg)
+
+    @property
+    def ctx(self) -> DistContext:  # the ranks the rows are sharded over
+        return self.sharding.ctx
+
+    @property
+    def cfg(self) -> DistConfig:
+        return self.sharding.cfg
 
     @property
     def groups(self) -> list[RowStorage]:

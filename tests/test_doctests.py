@@ -29,8 +29,12 @@ SERVING = [
     "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
 ]  # fmt: skip
 
+DISTRIBUTED = ["tierec.distributed.backends", "tierec.distributed.layout", "tierec.distributed.reducers",
+               "tierec.distributed.group_shard", "tierec.distributed.sharded", "tierec.distributed.hot",
+               "tierec.distributed.hierarchical", "tierec.distributed.job", "tierec.distributed.exchange"]
 
-@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE + SERVING)
+
+@pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE + SERVING + DISTRIBUTED)
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -45,6 +45,9 @@ def check_job_config(cfg: Config, world_size: int) -> None:
     """Raise ConfigError for what a job of ``world_size`` processes cannot run (no process group needed)."""
     check_mesh(cfg.dist, world_size)
     device = cfg.train.device.split(":")[0]
+    # backends.Backends already picks NCCL for the dense gradients and the row exchange on CUDA, but the
+    # sharded collection still moves rows and row gradients as host tensors: refused until they live on
+    # the device (issue 26), rather than failing in the first all-to-all.
     if device != "cpu":
         raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {cfg.train.device}")
     if cfg.prune.enabled and cfg.dist.hot_rows:

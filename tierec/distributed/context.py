@@ -8,8 +8,12 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...; under
 ``DistContext.single()`` is the one-process context, with no groups at all.
 
 Two groups: the default one carries DDP's gradient buckets and metrics, a
-second one (``sparse_group``) the embedding all-to-alls, so that a sparse
-exchange issued asynchronously never has to be ordered against DDP's buckets.
+second one (``sparse_group``, gloo: ids stay on the host) the embedding
+all-to-alls, so that a sparse exchange issued asynchronously never has to be
+ordered against DDP's buckets. On CUDA a third (``rows_group``, NCCL) is made
+for the rows and row gradients (``backends.Backends``); elsewhere they share
+``sparse_group``. A ``DistContext`` is one set of ranks; the job's arrangement
+into groups is ``layout.Layout``, built on it.
 
 >>> from tierec.distributed.context import DistContext
 >>> ctx = DistContext.single()
@@ -28,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tierec.config import DistConfig
+from tierec.distributed.backends import Backends
 from tierec.distributed.mesh_shape import check_mesh
 
 
@@ -47,7 +52,8 @@ class DistContext:
     local_world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dense_group: dist.ProcessGroup | None = None  # DDP buckets, metrics, checkpoint barriers
-    sparse_group: dist.ProcessGroup | None = None  # embedding id / row / gradient exchanges
+    sparse_group: dist.ProcessGroup | None = None  # embedding id exchanges (gloo)
+    rows_group: dist.ProcessGroup | None = None  # rows / row gradients when not on sparse_group (NCCL on CUDA)
     store: dist.Store | None = None  # the rendezvous store (heartbeats)
     timeout: timedelta = timedelta(seconds=300)
 
@@ -62,6 +68,10 @@ class DistContext:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def row_group(self) -> dist.ProcessGroup | None:  # where rows and row gradients go to and from owners
+        return self.rows_group if self.rows_group is not None else self.sparse_group
 
     def barrier(self) -> None:
         if self.is_distributed:
@@ -99,12 +109,14 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
     if dev.type == "cuda":
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if dev.type == "cuda" else "gloo")
+    backends = Backends.resolve(cfg.backend, dev)
     timeout = timedelta(seconds=cfg.timeout_s)
     store = _job_store(rank, world, timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    # Embedding exchanges are CPU tensors (ids, rows): gloo even when the dense part runs on NCCL.
-    sparse = dist.new_group(backend="gloo", timeout=timeout)
+    dist.init_process_group(backends.dense, store=store, rank=rank, world_size=world, timeout=timeout)
+    # Ids stay on the host: gloo even when the dense part runs on NCCL; rows get their own group when the
+    # backend differs (NCCL on CUDA), else they share the ids' group.
+    sparse = dist.new_group(backend=backends.ids, timeout=timeout)
+    rows = dist.new_group(backend=backends.rows, timeout=timeout) if backends.rows != backends.ids else None
     n = threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
@@ -116,6 +128,7 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
         device=dev,
         dense_group=dist.group.WORLD,
         sparse_group=sparse,
+        rows_group=rows,
         store=store,
         timeout=timeout,
     )

@@ -1,6 +1,6 @@
 """Cross-group collectives on the ``replica`` dimension: sums of sparse rows and dense buffers, compressed.
 
-Everything here runs on a ``Hierarchy.replica_group`` (the ranks that hold the
+Everything here runs on a ``layout.Layout.replica_group`` (the ranks that hold the
 same shard in every group, one per group) and sends what the codec of
 ``dist.compress`` makes of it, with error feedback for the lossy codecs
 (``codecs.RowResiduals`` / ``codecs.DenseResiduals``).

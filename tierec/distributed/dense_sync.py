@@ -37,14 +37,14 @@ from torch import Tensor
 from tierec.distributed.codecs import Codec, DenseResiduals
 from tierec.distributed.cross import replica_sum_dense
 from tierec.distributed.exchange import Traffic
-from tierec.distributed.mesh import Hierarchy
+from tierec.distributed.layout import Layout
 
 
 @dataclass
 class HookState:
     """What ``hierarchical_hook`` needs: the mesh's groups, the codec, residuals and a traffic counter."""
 
-    hier: Hierarchy
+    hier: Layout  # the job's layout on a mesh of several groups
     codec: Codec
     residuals: DenseResiduals = field(default_factory=DenseResiduals)
     traffic: Traffic = field(default_factory=Traffic)

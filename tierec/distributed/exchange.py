@@ -6,7 +6,8 @@ owner hash is salted and mixed once more, because the owner's own hash index
 places rows by the low bits of ``key_hash``: without the extra mix every row a
 rank owns would share those bits and crowd 1/W of the index's slots.
 
-``Traffic`` counts what each exchange sends to other ranks (bytes to itself
+``Ownership`` is that function for one rank among the ranks the rows are
+sharded over. ``Traffic`` counts what each exchange sends to other ranks (bytes to itself
 are a local copy and are not counted) and how long the caller was blocked.
 
 >>> import numpy as np
@@ -46,6 +47,20 @@ def owner_of(keys: np.ndarray, tabs: np.ndarray, world: int) -> np.ndarray:
     elif keys.shape[0]:
         _owners(keys, tabs.astype(np.int32, copy=False), np.int64(world), out)
     return out
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who owns each (table, id) among ``world`` ranks, and whether this one (``rank``) does."""
+
+    world: int  # the ranks the rows are sharded over (a group of the mesh, or the job)
+    rank: int  # this rank among them
+
+    def owner_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:  # [N] int32
+        return owner_of(keys, tabs, self.world)
+
+    def owns(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:  # [N] bool
+        return self.owner_of(keys, tabs) == self.rank
 
 
 @dataclass

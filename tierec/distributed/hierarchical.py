@@ -1,23 +1,24 @@
 """Hierarchical training: a job's components on the ("replica", "shard") mesh (``dist.group_size``).
 
-``Hierarchical.build`` returns None for a flat job (one group: today's run,
-untouched). Otherwise it makes the mesh (``mesh.Hierarchy``) and applies it:
+``Hierarchical(layout, cfg)`` runs on a job's ``layout.Layout`` of several
+groups (``Hierarchical.build`` makes the layout too, and returns None for a flat
+job: today's run, untouched). It applies the layout:
 
 - ``shard_collection``: the embeddings are row-sharded over the rank's group
-  (today's ``ShardedEmbeddingCollection`` on the group's ``DistContext``, so
-  shard s of every group owns the same rows); each owner shard gets a
-  cross-group step before its fused update: ``gradients`` sums the row
-  gradients of every group across the replicas of the shard
-  (``RowGradientSync``; each rank's embedding gradient is divided by the job's
-  W, as its loss is scaled by W / B), ``average`` keeps the anchors of the
-  rows it touches (``RowAverager``; divided by the group's g: each group
-  trains on its own slices as a job of its own). Hot rows (``dist.hot_rows``)
-  in ``gradients`` mode are elected from job-wide counts and their gradients
-  all-reduced over the whole job, so every group replicates the same rows; in
-  ``average`` mode each group elects its own, the owner anchors a hot row it
-  owns from the replica before its first update since the last sync, and a
-  sync flushes the replicas into the owners' storage, averages, and reloads
-  every group's replicas from the owners;
+  (a ``ShardedEmbeddingCollection`` on ``layout.group``, so shard s of every
+  group owns the same rows), made with this object's gradient reducer and
+  hot-row policy (nothing is changed after construction):
+  ``gradients``: ``reducers.ReplicaAllReduce`` sums the row gradients of every
+  group across the replicas of the shard before the fused update (each rank's
+  embedding gradient is divided by the job's W, as its loss is scaled by
+  W / B); hot rows (``dist.hot_rows``) are elected from job-wide counts and
+  their gradients all-reduced over the whole job, so every group replicates
+  the same rows. ``average``: ``reducers.ReplicaAverage`` keeps the anchors of
+  the rows each group touches (divided by the group's g: each group trains on
+  its own slices as a job of its own); each group elects its own hot rows, the
+  owner anchors a hot row it owns from the replica before its first update
+  since the last sync, and a sync flushes the replicas into the owners'
+  storage, averages, and reloads every group's replicas from the owners;
 - ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
   communication hook; ``average``: DDP inside the group and a ``DenseAverager``
   across groups;
@@ -39,77 +40,64 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import DistConfig
 from tierec.distributed.codecs import codec
 from tierec.distributed.context import DistContext
+from tierec.distributed.cross import CROSS
 from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
 from tierec.distributed.exchange import Traffic
-from tierec.distributed.hot import HotReplica
-from tierec.distributed.mesh import Hierarchy
-from tierec.distributed.mesh_shape import MeshShape
-from tierec.distributed.row_sync import RowAverager, RowGradientSync
+from tierec.distributed.hot import HotPolicy
+from tierec.distributed.layout import Layout
+from tierec.distributed.reducers import ReplicaAllReduce, ReplicaAverage
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 from tierec.embedding.collection import EmbeddingCollection
 
 
-@dataclass
 class Hierarchical:
-    ctx: DistContext  # the job
-    hier: Hierarchy
-    cfg: DistConfig
-    traffic: Traffic = field(default_factory=Traffic)  # the dense part's bytes, inside and across groups
-    averagers: list[RowAverager] = field(default_factory=list)
-    dense: DenseAverager | None = None
-    collections: list[ShardedEmbeddingCollection] = field(default_factory=list)
-    steps: int = 0
-    synced_at: int = 0  # the step of the last average
-
-    @staticmethod
-    def shape(ctx: DistContext, cfg: DistConfig) -> MeshShape:
-        return MeshShape.resolve(cfg.group_size, world=ctx.world_size)
+    def __init__(self, layout: Layout, cfg: DistConfig) -> None:
+        """Training on ``layout``'s mesh of several groups with ``cfg.cross_group`` between them."""
+        self.layout = layout
+        self.cfg = cfg
+        self.traffic = Traffic()  # the dense part's bytes, inside and across groups
+        self.dense: DenseAverager | None = None
+        self.collections: list[ShardedEmbeddingCollection] = []
+        self.steps = 0
+        self.synced_at = 0  # the step of the last average
+        c = codec(cfg.compress)
+        if self.gradients:  # the same hot set in every group: elected and summed over the job, owned in the group
+            self.reducer: ReplicaAllReduce | ReplicaAverage = ReplicaAllReduce(c, layout.replica_group, layout.world_size)
+            self.hot = HotPolicy(cfg=cfg, scope=layout.job, owner_rank=layout.shard)
+        else:  # each group its own hot set, as a job of its own
+            self.reducer = ReplicaAverage(c, layout.replica_group, layout.shape.group_size)
+            self.hot = HotPolicy.over(cfg, layout.group)
 
     @staticmethod
     def build(ctx: DistContext, cfg: DistConfig) -> Hierarchical | None:
-        """The mesh of a job with more than one group (a collective); None for a flat job."""
-        if not ctx.is_distributed or Hierarchical.shape(ctx, cfg).is_flat:
-            return None
-        return Hierarchical(ctx=ctx, hier=Hierarchy.build(ctx, cfg.group_size), cfg=cfg)
+        """The layout of ``ctx``'s job and its training (a collective); None for a flat job."""
+        layout = Layout.build(ctx, cfg.group_size)
+        return None if layout.is_flat else Hierarchical(layout, cfg)
+
+    @property
+    def ctx(self) -> DistContext:  # the job
+        return self.layout.job
 
     @property
     def gradients(self) -> bool:
         return self.cfg.cross_group == "gradients"
 
     @property
-    def group_ctx(self) -> DistContext:
-        return self.hier.group_context(self.ctx)
+    def group_ctx(self) -> DistContext:  # the rank's group
+        return self.layout.group
 
     # ------------------------------------------------------------ building
 
     def shard_collection(self, local: EmbeddingCollection) -> ShardedEmbeddingCollection:
-        coll = ShardedEmbeddingCollection(local, self.group_ctx, self.cfg)
-        c = codec(self.cfg.compress)
-        for shard in coll.shards:
-            if self.gradients:
-                shard.grad_divisor = self.ctx.world_size
-                shard.cross = _GradientStep(RowGradientSync(shard.owner, c, self.hier.replica_group, coll.traffic))
-                # the same hot set in every group: elected from the job's counts, summed over the job;
-                # ownership (rank) stays the shard's within its group
-                job_view = replace(self.group_ctx, world_size=self.ctx.world_size, sparse_group=self.ctx.sparse_group)
-                shard.hot = HotReplica(shard.owner, job_view, self.cfg, coll.traffic)
-            else:
-                averager = RowAverager(shard.owner, c, self.hier.replica_group, coll.traffic)
-                shard.cross = _AverageStep(averager)
-                # hot rows (elected inside the group) change in the group's replica, not in their owner's
-                # storage: the owner anchors the ones it owns from the replica before their first update
-                shard.hot.before_update = _AnchorOwned(averager, shard.owner_of, self.hier.shard)
-                self.averagers.append(averager)
+        coll = ShardedEmbeddingCollection(local, self.layout.group, self.cfg, reducer=self.reducer, hot=self.hot)
         self.collections.append(coll)
         return coll
 
@@ -124,10 +112,10 @@ class Hierarchical:
         c = codec(self.cfg.compress)
         if self.gradients:
             ddp = DistributedDataParallel(model, process_group=self.ctx.dense_group, forward_sync_buffers=False)
-            ddp.register_comm_hook(HookState(hier=self.hier, codec=c, traffic=self.traffic), hierarchical_hook)
+            ddp.register_comm_hook(HookState(hier=self.layout, codec=c, traffic=self.traffic), hierarchical_hook)
             return ddp
-        ddp = DistributedDataParallel(model, process_group=self.hier.shard_group, forward_sync_buffers=False)
-        self.dense = DenseAverager(list(model.parameters()), c, self.hier.replica_group, self.traffic)
+        ddp = DistributedDataParallel(model, process_group=self.layout.shard_group, forward_sync_buffers=False)
+        self.dense = DenseAverager(list(model.parameters()), c, self.layout.replica_group, self.traffic)
         return ddp
 
     # ------------------------------------------------------------ the loop
@@ -143,13 +131,11 @@ class Hierarchical:
         """``average``: bring the replicas together now (before an evaluation or a checkpoint)."""
         if self.gradients or self.synced_at == self.steps:
             return
-        shards = [shard for coll in self.collections for shard in coll.shards]
-        for shard in shards:  # 1. the owners' storage holds the hot rows' current values
-            shard.hot.flush_to_owner(shard.owner_of)
-        for a in self.averagers:  # 2. rows averaged across groups, in the owners' storage
-            a.sync()
-        for shard in shards:  # 3. every group's hot replicas read the averaged rows back
-            shard.hot.reload(shard.owner_of)
+        for coll in self.collections:  # 1. the owners' storage holds the hot rows' current values
+            coll.flush_hot()
+        self.reducer.sync()  # 2. rows averaged across groups, in the owners' storage
+        for coll in self.collections:  # 3. every group's hot replicas read the averaged rows back
+            coll.reload_hot()
         if self.dense is not None:
             self.dense.sync()
         self.synced_at = self.steps
@@ -157,8 +143,8 @@ class Hierarchical:
     def resumed_at(self, step: int) -> None:
         """After loading a checkpoint (the same on every replica): the sync schedule and anchors restart from it."""
         self.steps = self.synced_at = step
-        for a in self.averagers:
-            a.forget()
+        if not self.gradients:
+            self.reducer.forget()
         if self.dense is not None:
             self.dense.reanchor()
 
@@ -168,37 +154,8 @@ class Hierarchical:
         for t in [self.traffic, *(c.traffic for c in self.collections)]:
             n = max(t.steps, 1)
             for kind, b in t.bytes_sent.items():
-                if kind.startswith("cross/"):
+                if kind.startswith(CROSS):
                     across += b / n
                 else:
                     inside += b / n
         return {"bytes_inside": inside, "bytes_across": across}
-
-
-class _GradientStep:
-    def __init__(self, sync: RowGradientSync) -> None:
-        self.sync = sync
-
-    def __call__(self, keys, tabs, rows, grad, accesses):
-        return self.sync.reduce(keys, tabs, grad, accesses)
-
-
-class _AverageStep:
-    def __init__(self, averager: RowAverager) -> None:
-        self.averager = averager
-
-    def __call__(self, keys, tabs, rows, grad, accesses):
-        self.averager.touch(keys, tabs)
-        return rows, grad, accesses
-
-
-class _AnchorOwned:
-    """``HotReplica.before_update`` in ``average`` mode: the rows this rank owns get their anchors from the replica."""
-
-    def __init__(self, averager: RowAverager, owner_of, shard: int) -> None:
-        self.averager, self.owner_of, self.shard = averager, owner_of, shard
-
-    def __call__(self, keys, tabs, read) -> None:
-        mine = np.flatnonzero(self.owner_of(keys, tabs) == self.shard)
-        if mine.size:
-            self.averager.touch(keys[mine], tabs[mine], read)

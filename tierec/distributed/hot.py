@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -89,23 +90,55 @@ class WindowCounter:
         return out
 
 
+@dataclass(frozen=True)
+class HotPolicy:
+    """Which rows a sharded collection replicates: ``cfg.hot_rows`` of them, elected over ``scope``.
+
+    ``scope`` is the ranks that elect one hot set together and sum its gradients (one all-reduce),
+    ``owner_rank`` this rank's position among the owners of the rows (its rank in the ranks the rows are
+    sharded over). A flat job: both the job's (``HotPolicy.over``). On a mesh in ``gradients`` mode the
+    job elects and sums (every group replicates the same rows) while ownership stays the group's; in
+    ``average`` mode each group elects its own (``hierarchical.Hierarchical``).
+    """
+
+    cfg: DistConfig  # hot_rows, hot_candidates, hot_min_share (hot_refresh_every: the collection's)
+    scope: DistContext
+    owner_rank: int
+
+    @staticmethod
+    def over(cfg: DistConfig, ctx: DistContext) -> HotPolicy:
+        """Elected, summed and owned over the same ranks ``ctx``."""
+        return HotPolicy(cfg=cfg, scope=ctx, owner_rank=ctx.rank)
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.hot_rows > 0
+
+    def replica(self, owner: RowStorage, traffic: Traffic, before_update: Callable | None = None) -> HotReplica:
+        """The (empty) hot replica of one table group whose rows this rank owns in ``owner``."""
+        return HotReplica(owner, self, traffic, before_update)
+
+
 class HotReplica:
     """The hot rows of one table group, replicated on every rank; rows numbered 0..H-1."""
 
-    def __init__(self, owner: RowStorage, ctx: DistContext, cfg: DistConfig, traffic: Traffic) -> None:
+    def __init__(self, owner: RowStorage, policy: HotPolicy, traffic: Traffic, before_update: Callable | None = None,
+                 ) -> None:
+        """``before_update(keys, tabs, read)``: called with the replica rows an update is about to change,
+        ``read(keys, tabs)`` giving their records as they are (``average`` mode anchors the rows this rank
+        owns: reducers.ReplicaAverage); None when nothing needs to know."""
         self.owner = owner  # this rank's shard of the group (the rows it owns): any storage of whole rows
-        self.ctx = ctx
-        self.cfg = cfg
+        self.policy = policy
+        self.scope = policy.scope  # the ranks that elect and sum the hot set
+        self.cfg = policy.cfg
         self.traffic = traffic
+        self.before_update = before_update
         self.group = self._empty()
         self.keys = np.empty(0, dtype=np.int64)  # [H] id of each replica row
         self.tabs = np.empty(0, dtype=np.int32)  # [H] table of each replica row
         self.version = 0  # bumped by every refresh; an id split under an older set is stale
         self.counter = WindowCounter()
         self.moves = {"joined": 0, "left": 0}  # rows handed over so far, job-wide (the same on every rank)
-        # called with (keys, tabs, read) of the replica rows an update is about to change, ``read(keys, tabs)``
-        # giving their records as they are (``average`` mode anchors the rows this rank owns: hierarchical.py)
-        self.before_update: Callable[[np.ndarray, np.ndarray, Callable], None] | None = None
 
     def _empty(self) -> TableGroup:  # the replica: whole rows in memory, in the owner's record layout
         g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
@@ -120,7 +153,7 @@ class HotReplica:
 
     @property
     def enabled(self) -> bool:
-        return self.cfg.hot_rows > 0
+        return self.policy.enabled
 
     def find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """Replica row [U] of each unique (key, tab), -1 for cold ones."""
@@ -149,10 +182,10 @@ class HotReplica:
         buf[r, :d] = grad
         if flag:
             buf[r, d] = 1.0
-        if self.ctx.is_distributed:
+        if self.scope.is_distributed:
             t0 = time.perf_counter()
-            dist.all_reduce(buf, group=self.ctx.sparse_group)
-            w = self.ctx.world_size
+            dist.all_reduce(buf, group=self.scope.sparse_group)
+            w = self.scope.world_size
             self.traffic.add("hot", 2 * (w - 1) * buf.numel() * 4 // w, time.perf_counter() - t0)
         if flag:
             touched = torch.nonzero(buf[:, d] > 0).squeeze(1)
@@ -198,7 +231,7 @@ class HotReplica:
         rows every rank proposes, an underestimate otherwise. Placement never
         changes the numbers, only where rows live, so an estimate is enough.
         """
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx = self.cfg, self.scope
         steps = self.counter.steps
         ck, ct, cc = self.counter.top(cfg.hot_candidates or cfg.hot_rows, max(1, math.ceil(cfg.hot_min_share * steps)))
         packed = np.stack([ck, (ct.astype(np.int64) << 32) | np.minimum(cc, 2**31 - 1)], axis=1)  # [n, 2]
@@ -224,7 +257,7 @@ class HotReplica:
         return uk[order], ut[order]
 
     def _handover(self, keys: np.ndarray, tabs: np.ndarray, owner_of) -> None:
-        ctx, owner = self.ctx, self.owner
+        owner = self.owner
         width = owner.record_width
         old_rows = self.find(keys, tabs)  # [H'] row in the old replica, -1 = joining
         # 1. rows leaving the hot set go back to their owner, from the (identical) replica
@@ -233,7 +266,7 @@ class HotReplica:
             fresh.lookup(keys, tabs, insert=True)
             leaving = np.flatnonzero(fresh.lookup(self.keys, self.tabs, insert=False).rows < 0)
             self.moves["left"] += int(leaving.size)
-            mine = leaving[owner_of(self.keys[leaving], self.tabs[leaving]) == ctx.rank]
+            mine = leaving[owner_of(self.keys[leaving], self.tabs[leaving]) == self.policy.owner_rank]
             if mine.size:
                 self._write_back(self.keys[mine], self.tabs[mine])
         # 2. rows joining it take their owner's weights and state: each owner sends its
@@ -255,11 +288,11 @@ class HotReplica:
 
     def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of, width: int) -> Tensor:
         """Rows [J, width + 1] (weights, state, 1 if the owner had the row) of (keys, tabs), on every rank."""
-        ctx, owner = self.ctx, self.owner
+        ctx, owner = self.scope, self.owner
         who = owner_of(keys, tabs) if keys.size else np.empty(0, dtype=np.int32)
         per_rank = np.bincount(who, minlength=ctx.world_size)  # rows each owner sends
         m = int(per_rank.max()) if keys.size else 0
-        mine = np.flatnonzero(who == ctx.rank)
+        mine = np.flatnonzero(who == self.policy.owner_rank)
         send = torch.zeros(m, width + 1)
         found, records = owner.records_of(keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
         have = np.flatnonzero(found)
@@ -284,7 +317,7 @@ class HotReplica:
         """Write the hot rows this rank owns into its shard (before reading the shard's state)."""
         if self.size == 0:
             return
-        mine = np.flatnonzero(owner_of(self.keys, self.tabs) == self.ctx.rank)
+        mine = np.flatnonzero(owner_of(self.keys, self.tabs) == self.policy.owner_rank)
         if mine.size:
             self._write_back(self.keys[mine], self.tabs[mine])
 

@@ -8,8 +8,10 @@ process scores its slice), footprints summed over the job, the bytes each rank
 sends inside its group and across groups, and the heartbeat that names a lost
 rank. With one process every piece is the plain one.
 
-On a 2-D mesh (``dist.group_size``, Hierarchical Training) the embeddings are
-sharded over the rank's group (``shard_ctx``), ``after_step`` runs the
+The processes' arrangement is one ``layout.Layout`` (``job.parallel``), built
+when the job is (a collective on a mesh of several groups) and passed to
+``parallelize``. On a 2-D mesh (``dist.group_size``, Hierarchical Training) the
+embeddings are sharded over the rank's group (``shard_ctx``), ``after_step`` runs the
 cross-group averaging of ``dist.cross_group = "average"``, ``settle`` brings
 the replicas together before an evaluation or a pruning step, and ``checkpoint_writers`` makes
 a checkpoint one replica's (group 0's ranks write).
@@ -17,8 +19,8 @@ a checkpoint one replica's (group 0's ranks write).
 >>> from tierec.config import load_config
 >>> from tierec.distributed.job import Job
 >>> job = Job(load_config(None))
->>> job.ctx.world_size, job.is_main
-(1, True)
+>>> job.ctx.world_size, job.is_main, job.parallel.is_flat
+(1, True, True)
 """
 
 from __future__ import annotations
@@ -36,21 +38,31 @@ from tierec.batch import Batch
 from tierec.config import Config
 from tierec.distributed.context import DistContext
 from tierec.distributed.data import loss_scale, slice_batch
-from tierec.distributed.parallelize import for_process, parallelize, sharded_collections
+from tierec.distributed.layout import Layout
+from tierec.distributed.parallelize import check_job, for_process, parallelize, sharded_collections
 
 FAIL_ENV = "TIEREC_TEST_FAIL_AT"  # "rank:step": that rank exits abruptly before that step (fault tests)
 
 
 class Job:
     def __init__(self, cfg: Config, ctx: DistContext | None = None) -> None:
+        """``ctx``: the job (default: one process). Every rank of a job builds its ``Job`` at the same point:
+        on a mesh of several groups, making the layout's process groups is a collective."""
         self.cfg = cfg
-        self.ctx = ctx if ctx is not None else DistContext.single(cfg.train.device)
+        ctx = ctx if ctx is not None else DistContext.single(cfg.train.device)
+        if ctx.is_distributed:
+            check_job(cfg, ctx)  # before any group is made: a job cannot run this config
+        self.parallel = Layout.build(ctx, cfg.dist.group_size)
         self.is_main = self.ctx.is_main
         self.steps_run = 0
         self._fail_at = _fail_step(self.ctx.rank) if self.ctx.is_distributed else None
         self._parts: Any = None
         self.mesh: Any = None  # hierarchical.Hierarchical on a mesh of several groups, else None
         self._meter: ByteMeter | None = None
+
+    @property
+    def ctx(self) -> DistContext:  # the whole job
+        return self.parallel.job
 
     @property
     def distributed(self) -> bool:
@@ -64,30 +76,20 @@ class Job:
 
     def parallelize(self, parts: Any) -> Any:
         if self.distributed:
-            self.mesh = parallelize(parts, self.ctx, self.cfg)
-            self._meter = ByteMeter(parts, self.ctx, self.mesh)
+            self.mesh = parallelize(parts, self.parallel, self.cfg)
+            self._meter = ByteMeter(parts, self.parallel, self.mesh)
         self._parts = parts
         return parts
 
     def layout(self) -> str:
         """One line on how the processes are grouped ("" on one process or one node without a mesh)."""
-        ctx, cfg = self.ctx, self.cfg.dist
-        if self.mesh is not None:
-            shape = self.mesh.hier.shape
-            return (f"{ctx.world_size} processes as {shape.replicas} groups of {shape.group_size} "
-                    f"(dist.group_size = {shape.group_size}): dist.cross_group = {cfg.cross_group}"
-                    + (f" every {cfg.sync_every} steps" if cfg.cross_group == "average" else "")
-                    + f", dist.compress = {cfg.compress}")
-        nodes = ctx.world_size // max(ctx.local_world_size, 1)
-        if self.distributed and nodes > 1 and ctx.world_size % ctx.local_world_size == 0:
-            return (f"{ctx.world_size} processes on {nodes} nodes as one group; dist.group_size = "
-                    f"{ctx.local_world_size} would make a group per node (docs/distributed.md)")
-        return ""
+        cfg = self.cfg.dist
+        return self.parallel.describe(cfg.cross_group, cfg.sync_every, cfg.compress)
 
     @property
     def shard_ctx(self) -> DistContext:
         """The ranks the embeddings are sharded over: this rank's group on a mesh, else the job."""
-        return self.mesh.group_ctx if self.mesh is not None else self.ctx
+        return self.parallel.group
 
     def after_step(self) -> None:
         """After the optimizer step (every rank): the cross-group averaging that is due, the byte meter."""
@@ -186,7 +188,7 @@ class Job:
         dist.all_reduce(t, group=self.shard_ctx.dense_group)
         out = {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size}
         if self.mesh is not None:
-            out["replicas"] = self.mesh.hier.shape.replicas
+            out["replicas"] = self.parallel.shape.replicas
         return out
 
     def bytes_postfix(self) -> dict[str, str]:
@@ -214,13 +216,14 @@ class Job:
         if self.mesh is None:
             return self.ctx
         self.mesh.sync_now()
-        return self.mesh.group_ctx if self.mesh.hier.replica == 0 else None
+        return self.parallel.group if self.parallel.replica == 0 else None
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """What a checkpoint's meta records of the job's shape: the mesh it was saved on, if any."""
         if self.mesh is None:
             return {}
-        return {"mesh": {"group_size": self.mesh.hier.shape.group_size, "replicas": self.mesh.hier.shape.replicas}}
+        shape = self.parallel.shape
+        return {"mesh": {"group_size": shape.group_size, "replicas": shape.replicas}}
 
     def checkpoint_written(self) -> None:
         """After ``save_checkpoint`` on the writers: on a mesh every replica waits until it is published."""
@@ -238,9 +241,9 @@ class ByteMeter:
     ``average`` mode; in ``gradients`` mode the communication hook counts it).
     """
 
-    def __init__(self, parts: Any, ctx: DistContext, mesh: Any) -> None:
+    def __init__(self, parts: Any, layout: Layout, mesh: Any) -> None:
         self.traffics = [c.traffic for c in sharded_collections(parts)] + ([mesh.traffic] if mesh is not None else [])
-        k = ctx.world_size if mesh is None else (0 if mesh.gradients else mesh.hier.shape.group_size)
+        k = layout.world_size if mesh is None else (0 if mesh.gradients else layout.shape.group_size)
         grad_bytes = sum(p.numel() * p.element_size() for p in parts.model.parameters() if p.requires_grad)
         self.ddp_ring = 2 * (k - 1) * grad_bytes / k if k > 1 else 0.0  # bytes per step
         self.steps = 0

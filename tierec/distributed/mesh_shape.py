@@ -3,7 +3,7 @@
 W ranks form ``W // g`` groups of ``g`` consecutive ranks; rank ``r`` is shard
 ``r % g`` of group ``r // g``. ``check_mesh`` refuses a group size that does
 not divide the job before any process group exists (``context.init_distributed``
-calls it); ``mesh.Hierarchy`` builds the process groups of a shape.
+calls it); ``layout.Layout`` builds the process groups of a shape.
 
 >>> from tierec.config import DistConfig
 >>> from tierec.distributed.mesh_shape import MeshShape, check_mesh

@@ -45,6 +45,7 @@ from tierec.config import Config, ConfigError
 from tierec.distributed.config_check import check_job_config
 from tierec.distributed.context import DistContext
 from tierec.distributed.hierarchical import Hierarchical
+from tierec.distributed.layout import Layout
 from tierec.distributed.sharded import ShardedEmbeddingCollection
 
 
@@ -90,18 +91,19 @@ class JobSums:
         return float(t)
 
 
-def parallelize(parts: Any, ctx: DistContext, cfg: Config) -> Hierarchical | None:
-    """Shard ``parts``' embedding collections over the job, wrap its dense model in DDP (in place).
+def parallelize(parts: Any, layout: Layout, cfg: Config) -> Hierarchical | None:
+    """Shard ``parts``' embedding collections over ``layout``'s job, wrap its dense model in DDP (in place).
 
     On a mesh of several groups (``dist.group_size``) the collections are sharded over the rank's
     group and the groups synchronised; returns that ``Hierarchical`` (None for a flat job).
     """
+    ctx = layout.job
     check_job(cfg, ctx)
-    mesh = Hierarchical.build(ctx, cfg.dist)
-    if mesh is not None:
+    if not layout.is_flat:
+        mesh = Hierarchical(layout=layout, cfg=cfg.dist)
         mesh.apply(parts)
         if parts.pruner is not None:
-            parts.pruner.job = JobSums(mesh.group_ctx)  # each group prunes its replica, as a job of its own
+            parts.pruner.job = JobSums(layout.group)  # each group prunes its replica, as a job of its own
         return mesh
     parts.embeddings = ShardedEmbeddingCollection(parts.embeddings, ctx, cfg.dist)
     if parts.wide is not None:

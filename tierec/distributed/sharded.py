@@ -1,23 +1,30 @@
 """ShardedEmbeddingCollection: the engine's collection with every table sharded by row.
 
 Each (table, id) has an owner rank (``exchange.owner_of``); a rank's shard is an
-ordinary ``EmbeddingCollection`` holding the rows it owns. Per batch and table
-group:
+ordinary ``EmbeddingCollection`` holding the rows it owns. The collection is
+composed at construction from that local storage, the ranks it is sharded over
+(a ``DistContext``: the layout's group, the job when flat), a gradient reducer
+(``reducers``: exact, replica all-reduce, replica average) and a hot-row policy
+(``hot.HotPolicy``); each table group becomes a ``group_shard.GroupShard``
+whose exchange is split into named steps. Per batch and table group:
 
-1. dedupe the batch's (table, id) pairs locally (the engine's Deduper); hot ids
-   (``HotReplica``) are served locally, the rest are sorted by (owner, table);
-2. all-to-all #1: per-(owner, table) counts, then the ids (``all_to_all_single``
-   with split sizes); with ``dist.overlap`` this is issued for the next batch
-   while the current one computes;
-3. owners dedupe what they received, look it up (insert + deterministic init
-   when training) and all-to-all #2 sends the rows back;
-4. the requester pools from the received rows with the engine's fused kernel
+1. input distribution: dedupe the batch's (table, id) pairs locally (the
+   engine's Deduper); hot ids (``HotReplica``) are served locally, the rest are
+   sorted by (owner, table) and sent to their owners (all-to-all #1: counts,
+   then ids); with ``dist.overlap`` this is issued for the next batch while the
+   current one computes;
+2. lookup: owners dedupe what they received and look it up (insert +
+   deterministic init when training);
+3. output distribution: all-to-all #2 sends the rows back, merged with the hot
+   rows into the batch's unique rows;
+4. the requester pools from them with the engine's fused kernel
    (``pool_forward`` over ``[U, D]`` rows);
-5. backward: ``pool_backward`` gives the ``[U, D]`` gradient, divided by the
-   world size W (each rank's loss is scaled by W so that DDP's average is the
-   global mean); all-to-all #3 sends it to the owners, which sum the
-   contributions of every rank per row and apply ONE fused optimizer step, as
-   the single process does with the summed gradient. Hot rows' gradients go
+5. gradient distribution (backward): ``pool_backward`` gives the ``[U, D]``
+   gradient, divided by the reducer's divisor (the world size W: each rank's
+   loss is scaled by W so that DDP's average is the global mean); all-to-all #3
+   sends it to the owners, which sum the contributions of every rank per row,
+   pass them through the reducer and apply ONE fused optimizer step, as the
+   single process does with the summed gradient. Hot rows' gradients go
    through one all-reduce instead.
 
 On the same global batches, W processes (rank r taking slice r) end with the
@@ -36,179 +43,32 @@ torch.Size([2, 1, 4])
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
 from tierec.config import DistConfig
 from tierec.distributed.context import DistContext
-from tierec.distributed.exchange import Exchange, Traffic, all_to_all, off_rank_bytes, owner_of
-from tierec.distributed.hot import HotReplica
+from tierec.distributed.exchange import Traffic
+from tierec.distributed.group_shard import GroupShard, IdRequest, Served, Sharding
+from tierec.distributed.hot import HotPolicy
+from tierec.distributed.reducers import ExactSum, GradientReducer
 from tierec.embedding.collection import EmbeddingCollection
-from tierec.embedding.plan import GroupPlan, group_inputs, select_features
+from tierec.embedding.plan import group_inputs, select_features
 from tierec.embedding.storage import RowStorage
-from tierec.embedding.hash_index import Deduper
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import backward_chunks, bag_scale, pool_backward, pool_forward
 from tierec.embedding.table import TableConfig
-
-_ID_BYTES = 8  # int64
-
-
-@dataclass
-class _IdRequest:
-    """One table group's ids of one batch, on their way to their owners (all-to-all #1)."""
-
-    keys: np.ndarray  # [U] unique keys (all occurrences when dedupe is off)
-    tabs: np.ndarray  # [U] int32 table within the group
-    inverse: np.ndarray  # [N] occurrence -> position in keys
-    hot_pos: np.ndarray  # [U_h] positions of hot ids
-    hot_rows: np.ndarray  # [U_h] their replica rows
-    cold_pos: np.ndarray  # [U_c] positions of cold ids, sorted by (owner, table)
-    send_splits: list[int]  # [W] ids for each owner
-    hot_version: int
-    counts: Exchange  # [W, T] -> the counts every rank sends here
-    ids: Exchange | None = None  # cold keys -> the keys this rank owns, by source rank
-    recv_counts: np.ndarray | None = None  # [W, T]
-
-
-@dataclass
-class _Served:
-    """What the owner side of one step remembers for the backward."""
-
-    request: _IdRequest
-    recv_splits: list[int]  # [W] ids received from each rank
-    owner_rows: Tensor  # [U_o] rows of the distinct received pairs in this rank's shard
-    owner_inverse: Tensor  # [M] received id -> position in owner_rows
-    owner_keys: np.ndarray  # [U_o] their (table, id) pairs: ids ...
-    owner_tabs: np.ndarray  # [U_o] ... and tables within the group
-
-
-class _GroupShard:
-    """The sharded exchange of one table group: owner shard, hot replica, traffic counters."""
-
-    def __init__(self, plan: GroupPlan, ctx: DistContext, cfg: DistConfig, traffic: Traffic, *, counts_steps: bool) -> None:
-        self.plan = plan
-        self.owner: RowStorage = plan.group
-        self.n_tables = len(self.owner.tables)
-        self.ctx = ctx
-        self.cfg = cfg
-        self.traffic = traffic
-        self.hot = HotReplica(self.owner, ctx, cfg, traffic)
-        self._dedupe = Deduper()
-        self.steps = 0  # training steps this group has taken (drives the hot refresh)
-        self.counts_steps = counts_steps  # this group advances traffic.steps
-        self.grad_divisor = ctx.world_size  # each rank's loss is scaled by W / B (hierarchical: the job's W)
-        # Hierarchical training (tierec/distributed/hierarchical.py): called before the fused step with the
-        # owner's (keys, tables, rows, summed gradients, accesses or None); returns the rows, gradients and
-        # accesses to update (rows touched in other groups included).
-        self.cross: Callable[..., tuple[Tensor, Tensor, np.ndarray | None]] | None = None
-
-    def owner_of(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
-        return owner_of(keys, tabs, self.ctx.world_size)
-
-    # -------------------------------------------------- 1.+2. ids to owners
-
-    def request(self, keys: np.ndarray, tabs: np.ndarray, *, async_op: bool) -> _IdRequest:
-        """Dedupe, split hot / cold, and start all-to-all #1 (the counts)."""
-        ctx, w, t = self.ctx, self.ctx.world_size, self.n_tables
-        if self.cfg.dedupe:
-            ukeys, utabs, inverse = self._dedupe(keys, tabs)
-        else:  # the naive baseline: one request per occurrence
-            ukeys, utabs, inverse = keys, tabs.astype(np.int32), np.arange(keys.shape[0], dtype=np.int64)
-        hot_rows = self.hot.find(ukeys, utabs)
-        is_hot = hot_rows >= 0
-        hot_pos, cold = np.flatnonzero(is_hot), np.flatnonzero(~is_hot)
-        owners = self.owner_of(ukeys[cold], utabs[cold])
-        order = np.lexsort((utabs[cold], owners))
-        cold_pos = cold[order]
-        counts = np.bincount(owners.astype(np.int64) * t + utabs[cold], minlength=w * t).reshape(w, t)
-        send_splits = counts.sum(1).tolist()
-        sent = torch.from_numpy(counts.astype(np.int64))  # [W, T]
-        t0 = time.perf_counter()
-        x = all_to_all(sent, [1] * w, [1] * w, ctx.sparse_group, async_op=async_op)
-        self.traffic.add("counts", (w - 1) * t * 8)
-        self.traffic.add("ids", seconds=time.perf_counter() - t0)
-        return _IdRequest(
-            keys=ukeys, tabs=utabs, inverse=inverse, hot_pos=hot_pos, hot_rows=hot_rows[hot_pos], cold_pos=cold_pos,
-            send_splits=send_splits, hot_version=self.hot.version, counts=x,
-        )
-
-    def send_ids(self, req: _IdRequest, *, async_op: bool) -> None:
-        """Wait for the counts, start the ids' all-to-all."""
-        if req.ids is not None:
-            return
-        req.recv_counts = req.counts.wait(self.traffic, "ids").numpy()
-        recv_splits = req.recv_counts.sum(1).tolist()
-        cold_keys = torch.from_numpy(req.keys[req.cold_pos])
-        t0 = time.perf_counter()
-        req.ids = all_to_all(cold_keys, req.send_splits, recv_splits, self.ctx.sparse_group, async_op=async_op)
-        self.traffic.add("ids", off_rank_bytes(req.send_splits, self.ctx.rank, _ID_BYTES), time.perf_counter() - t0)
-
-    # --------------------------------------------------- 3. owners reply rows
-
-    def serve(self, req: _IdRequest, *, train: bool) -> tuple[_Served, Tensor]:
-        """Owner lookups and all-to-all #2; returns the step record and the unique rows [U, D]."""
-        self.send_ids(req, async_op=False)
-        recv_keys = req.ids.wait(self.traffic, "ids").numpy()  # [M]
-        recv_counts = req.recv_counts
-        w, t, d = self.ctx.world_size, self.n_tables, self.owner.dim
-        recv_tabs = np.repeat(np.tile(np.arange(t, dtype=np.int32), w), recv_counts.reshape(-1))  # [M]
-        okeys, otabs, oinv = self._dedupe(recv_keys, recv_tabs)
-        orows = self.owner.lookup(okeys, otabs, insert=train)  # [U_o]
-        vals = self.owner.gather(orows.numpy()).cpu()  # [U_o, D]; unknown ids at evaluation read as zeros
-        oinv_t = torch.from_numpy(oinv)
-        recv_splits = recv_counts.sum(1).tolist()
-        t0 = time.perf_counter()
-        rows = all_to_all(vals.index_select(0, oinv_t), recv_splits, req.send_splits, self.ctx.sparse_group).out
-        self.traffic.add("rows", off_rank_bytes(recv_splits, self.ctx.rank, d * 4), time.perf_counter() - t0)
-        emb = torch.empty(req.keys.shape[0], d)  # [U, D]
-        emb[torch.from_numpy(req.cold_pos)] = rows
-        if req.hot_pos.size:
-            emb[torch.from_numpy(req.hot_pos)] = self.hot.group.gather(req.hot_rows).cpu()
-        if train:
-            self.hot.count(req.keys, req.tabs)
-        return _Served(req, recv_splits, orows, oinv_t, okeys, otabs), emb
-
-    # ------------------------------------------------ 5. gradients to owners
-
-    def backward(self, served: _Served, grad: Tensor, accesses: np.ndarray) -> None:
-        """grad [U, D] already divided by W; accesses [U]: the batch's ids each unique row served."""
-        req, d = served.request, self.owner.dim
-        t0 = time.perf_counter()
-        cold = grad.index_select(0, torch.from_numpy(req.cold_pos))  # [U_c, D]
-        counted = self.owner.counts_accesses  # the storage wants each row's accesses too: one more column
-        if counted:
-            cold = torch.cat([cold, torch.from_numpy(accesses[req.cold_pos]).unsqueeze(1)], 1)  # [U_c, D + 1]
-        width = cold.shape[1]
-        recv = all_to_all(cold, req.send_splits, served.recv_splits, self.ctx.sparse_group).out  # [M, width]
-        self.traffic.add("grads", off_rank_bytes(req.send_splits, self.ctx.rank, width * 4), time.perf_counter() - t0)
-        summed = torch.zeros(served.owner_rows.shape[0], width).index_add_(0, served.owner_inverse, recv)  # [U_o, width]
-        acc = summed[:, d].numpy().copy() if counted else None
-        rows, summed = served.owner_rows, summed[:, :d].contiguous()  # [U_o, D]
-        if self.cross is not None:  # hierarchical training: across the replicas of this shard first
-            rows, summed, acc = self.cross(served.owner_keys, served.owner_tabs, rows, summed, acc)
-        self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device), accesses=acc)
-        self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
-        self.steps += 1
-        if self.counts_steps:  # one step per collection, not per group
-            self.traffic.steps += 1
-        if self.hot.enabled and self.steps % self.cfg.hot_refresh_every == 0:
-            self.hot.refresh(self.owner_of)
-
 
 class _ShardedPool(torch.autograd.Function):
     """Pool from the exchanged unique rows; the backward sends their gradient to the owners."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, shard: _GroupShard, served: _Served, emb: Tensor, layout: BagLayout) -> Tensor:
+    def forward(ctx, anchor: Tensor, shard: GroupShard, served: Served, emb: Tensor, layout: BagLayout) -> Tensor:
         out = _pool(emb, layout, len(shard.plan.features))
         ctx.args = (shard, served, layout)
         return out
@@ -224,7 +84,7 @@ class _ShardedPool(torch.autograd.Function):
                           backward_chunks(dim), grad.numpy())
         if shard.grad_divisor > 1:
             grad.mul_(1.0 / shard.grad_divisor)
-        shard.backward(served, grad, np.bincount(layout.inverse, minlength=u).astype(np.float32))
+        shard.distribute_gradients(served, grad, np.bincount(layout.inverse, minlength=u).astype(np.float32))
         return None, None, None, None, None
 
 
@@ -241,25 +101,31 @@ def _pool(emb: Tensor, layout: BagLayout, n_features: int) -> Tensor:  # emb [U,
 class _Pending:
     values: Tensor  # the batch's id tensor: a prefetch is matched to its batch by identity
     offsets: Tensor
-    requests: list[_IdRequest]
+    requests: list[IdRequest]
 
 
 class ShardedEmbeddingCollection(nn.Module):
     """A drop-in for ``EmbeddingCollection`` whose rows are spread over the job's ranks."""
 
-    def __init__(self, local: EmbeddingCollection, ctx: DistContext, cfg: DistConfig) -> None:
+    def __init__(self, local: EmbeddingCollection, ctx: DistContext, cfg: DistConfig, *,
+                 reducer: GradientReducer | None = None, hot: HotPolicy | None = None) -> None:
         """``local`` becomes this rank's shard: an ordinary (empty) collection that only ever
-        holds the rows this rank owns; every rank must build it from the same tables and seed."""
+        holds the rows this rank owns; every rank must build it from the same tables and seed.
+
+        ``ctx``: the ranks the rows are sharded over (``layout.Layout.group``: the job when flat);
+        ``reducer``: what the owners do with the summed row gradients (default ``ExactSum``: the
+        update); ``hot``: which rows are replicated (default: elected over ``ctx``).
+        """
         super().__init__()
         if local.num_rows():
             raise ValueError("wrap an empty EmbeddingCollection: rows are placed by their owner")
-        self.ctx = ctx
-        self.cfg = cfg
+        self.sharding = Sharding(ctx=ctx, cfg=cfg, reducer=reducer if reducer is not None else ExactSum(ctx.world_size),
+                                 hot=hot if hot is not None else HotPolicy.over(cfg, ctx))
         self.local = local
         self.feature_names = local.feature_names
         self.tables = local.tables
         self.traffic = Traffic()
-        self.shards = [_GroupShard(p, ctx, cfg, self.traffic, counts_steps=i == 0) for i, p in enumerate(self.local.plans)]
+        self.shards = [GroupShard(p, self.sharding, self.traffic, counts_steps=i == 0) for i, p in enumerate(local.plans)]
         self._pending: deque[_Pending] = deque()
         self._anchor = torch.zeros((), requires_grad=True)
 
@@ -271,6 +137,14 @@ class ShardedEmbeddingCollection(nn.Module):
         return cls(EmbeddingCollection(tables, feature_names, seed=seed, device=ctx.device), ctx, cfg)
 
     @property
+    def ctx(self) -> DistContext:  # the ranks the rows are sharded over
+        return self.sharding.ctx
+
+    @property
+    def cfg(self) -> DistConfig:
+        return self.sharding.cfg
+
+    @property
     def groups(self) -> list[RowStorage]:
         return self.local.groups
 
@@ -280,7 +154,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     # ------------------------------------------------------------- forward
 
-    def _group_keys(self, shard: _GroupShard, sparse: SparseFeatures):
+    def _group_keys(self, shard: GroupShard, sparse: SparseFeatures):
         if sparse.batch_size == 0:  # this rank's slice of a global batch smaller than the job
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int32)
         values, offsets, lengths = group_inputs(sparse, shard.plan.features)
@@ -299,10 +173,10 @@ class ShardedEmbeddingCollection(nn.Module):
         reqs = []
         for shard in self.shards:
             keys, _, tabs = self._group_keys(shard, sparse)
-            reqs.append(shard.request(keys, tabs, async_op=True))
+            reqs.append(shard.distribute_input(keys, tabs, async_op=True))
         self._pending.append(_Pending(sparse.values, sparse.offsets, reqs))
 
-    def _take_pending(self, sparse: SparseFeatures) -> list[_IdRequest] | None:
+    def _take_pending(self, sparse: SparseFeatures) -> list[IdRequest] | None:
         """The prefetched requests of this batch; older prefetches that were never used are dropped."""
         while self._pending:
             p = self._pending[0]
@@ -316,7 +190,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def _discard(self, p: _Pending) -> None:
         for shard, r in zip(self.shards, p.requests):
-            (r.ids or r.counts).wait(self.traffic, "ids")
+            shard.discard(r)
 
     def _advance_pending(self) -> None:
         """Put the next prefetched batch's ids on the wire now that their counts have arrived."""
@@ -355,11 +229,13 @@ class ShardedEmbeddingCollection(nn.Module):
             keys, off, tabs = self._group_keys(shard, sparse)
             req = prefetched[gi] if prefetched is not None else None
             if req is not None and req.hot_version != shard.hot.version:  # a refresh since: the split is stale
-                (req.ids or req.counts).wait(self.traffic, "ids")
+                shard.discard(req)
                 req = None
-            if req is None:
-                req = shard.request(keys, tabs, async_op=False)
-            served, emb = shard.serve(req, train=train)
+            if req is None:  # 1. ids to their owners
+                req = shard.distribute_input(keys, tabs, async_op=False)
+            served, replies = shard.lookup(req, train=train)  # 2. the owners look them up
+            cold = shard.distribute_output(served, replies)  # 3. rows back to who asked
+            emb = shard.merge_hot(req, cold, train=train)  # 4. with the hot rows: the batch's unique rows
             layout = BagLayout(inverse=req.inverse, offsets=off, scale=bag_scale(off, shard.plan.mean, b), batch=b)
             if train:
                 outs.append(_ShardedPool.apply(self._anchor, shard, served, emb, layout))
@@ -372,6 +248,18 @@ class ShardedEmbeddingCollection(nn.Module):
         """Wait out prefetches that no forward will use (call before leaving the job)."""
         while self._pending:
             self._discard(self._pending.popleft())
+
+    # ------------------------------------------------------------- hot replicas
+
+    def flush_hot(self) -> None:
+        """Write the hot rows this rank owns into its shard's storage (before reading or averaging it)."""
+        for shard in self.shards:
+            shard.flush_hot()
+
+    def reload_hot(self) -> None:
+        """Read every hot replica back from the owners' storage (a collective, after the owners' rows changed)."""
+        for shard in self.shards:
+            shard.reload_hot()
 
     # ------------------------------------------------------------- reports
 
@@ -399,8 +287,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def iter_rows(self, chunk_bytes: int = 1 << 24):
         """This rank's rows (hot rows it owns included) in bounded chunks, like ``EmbeddingCollection.iter_rows``."""
-        for shard in self.shards:
-            shard.hot.flush_to_owner(shard.owner_of)
+        self.flush_hot()
         yield from self.local.iter_rows(chunk_bytes)
 
     def load_state_meta(self, sd: dict[str, Tensor]) -> None:
@@ -415,7 +302,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 if t.name != table:
                     continue
                 ids = records["ids"].numpy().astype(np.int64, copy=False)
-                keep = shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank
+                keep = shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32))
                 if keep.any():
                     self.local.load_rows(table, _select_rows(records, keep))
                 return
@@ -423,8 +310,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]
         """This rank's rows (hot rows it owns included), keyed like ``EmbeddingCollection.state_dict``."""
-        for shard in self.shards:
-            shard.hot.flush_to_owner(shard.owner_of)
+        self.flush_hot()
         return self.local.state_dict()
 
     def load_state_dict(self, sd: dict[str, Tensor], strict: bool = True) -> None:  # type: ignore[override]
@@ -442,7 +328,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 if "ids" not in part:
                     continue
                 ids = part["ids"].numpy().astype(np.int64, copy=False)
-                keep = torch.from_numpy(shard.owner_of(ids, np.full(ids.shape[0], ti, dtype=np.int32)) == self.ctx.rank)
+                keep = torch.from_numpy(shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32)))
                 mine.update({prefix + k: v[keep] for k, v in part.items()})
             shard.hot.clear()
         self.local.load_state_dict(mine, strict=strict)

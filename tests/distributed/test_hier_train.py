@@ -95,7 +95,7 @@ def test_int8_and_average_every_4_keep_the_auc(tmp_path: Path) -> None:
     # 1024, 0.0012 at 48 steps of 512 (measured against one process).
     from hier_workers import train_runs_worker
 
-    longer = SMALL + ["data.synthetic.train_rows=24576"]
+    longer = SMALL + ["data.synthetic.train_rows=24576", "train.dense_optimizer=adam"]  # an accuracy test: the default optimizer
     Trainer(load_config(None, longer), tmp_path / "flat").fit()  # = the flat run and 2x2 uncompressed (tests above)
     variants = {"int8": ["dist.compress=int8"], "avg4": ["dist.cross_group=average", "dist.sync_every=4"]}
     spawn(train_runs_worker, 4, ([(longer + MESH + v, str(tmp_path / n)) for n, v in variants.items()],), timeout_s=300)

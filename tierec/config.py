@@ -369,7 +369,8 @@ class StoreConfig:
 
     ``cold_precision`` stores rows in the host and disk tiers compactly (tierec/store/codec.py):
     "bf16" (about 2x the rows per byte), "int8" (row-wise int8 weights: about 2.4x at dim 16,
-    more at larger dims), with stochastic rounding when a row leaves the fast tier; the fast tier
+    3.4x at dim 64; below about 12 dims it saves nothing over bf16 and is bf16), with stochastic
+    rounding when a row leaves the fast tier; the fast tier
     and all arithmetic stay fp32, and the host tier's bytes count the compact records. Numbers
     then depend on which rows were in the fast tier when, so ``prefetch`` (timed by a thread) and
     ``prune.enabled`` are refused with it; resume from a checkpoint is exact (same store sizes).

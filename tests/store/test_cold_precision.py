@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from store_helpers import DIM, assert_same, batches, by_id, collection, train
+from store_helpers import assert_same, batches, by_id, collection, train
 
 from tierec.config import ColdPrecision, ConfigError, OptimizerKind, StoreConfig, load_config
 from tierec.embedding import TableConfig
@@ -16,6 +16,7 @@ from tierec.store.disk import DiskTier
 from tierec.store.host import HostTier
 
 LOSSY = [ColdPrecision.BF16, ColdPrecision.INT8]
+DIM = 16  # int8 pays from about 12 dims (below, it is bf16: test_record_sizes)
 REC = 4 * (DIM + 1)  # bytes of one fp32 row: weights and row-wise Adagrad state
 
 
@@ -69,6 +70,10 @@ def test_record_sizes() -> None:
     assert sizes[ColdPrecision.BF16, 16] == 9 and sizes[ColdPrecision.INT8, 16] == 7  # 1.9x, 2.4x
     assert sizes[ColdPrecision.BF16, 64] == 33 and sizes[ColdPrecision.INT8, 64] == 19  # 2.0x, 3.4x
     assert row_codec("int8", 16, [16, 16], seed=0).words == 2 + 4 + 16  # Adam: moments bf16
+    # a layout that saves no word gives way to the finer one
+    assert sizes[ColdPrecision.INT8, 8] == sizes[ColdPrecision.BF16, 8] == 5
+    assert row_codec("int8", 8, [1], seed=0).precision is ColdPrecision.BF16
+    assert row_codec("int8", 1, [], seed=0).precision is ColdPrecision.FP32  # a wide (dim-1) SGD row
 
 
 @pytest.mark.parametrize("precision", LOSSY)
@@ -136,11 +141,12 @@ def _spec(tmp_path, p: ColdPrecision, ttl: int = 0) -> TierSpec:
 @pytest.mark.parametrize("precision", LOSSY)
 def test_lossy_training_is_close_to_plain_and_reproducible(tmp_path, precision: ColdPrecision) -> None:
     data = batches(16, batch=32)
-    plain = collection(None)
+    plain = collection(None, dim=DIM)
     ref = train(plain, data)
     runs = []
     for _ in range(2):
-        coll = collection(_spec(tmp_path, precision))
+        coll = collection(_spec(tmp_path, precision), dim=DIM)
+        assert coll.groups[0].codec.precision is precision
         runs.append((train(coll, data), by_id(coll)))
         st = coll.groups[0].stats()["ab"]
         assert st["disk_read_rows"] > 0 and st["evicted"] > 0
@@ -156,20 +162,20 @@ def test_lossy_training_is_close_to_plain_and_reproducible(tmp_path, precision: 
 def test_lossy_state_round_trip_resumes_exactly(tmp_path, precision: ColdPrecision) -> None:
     """Tiered for 8 steps, its state loaded into a fresh store of the same sizes, 8 more: the uninterrupted run."""
     data = batches(16, batch=32)
-    full = collection(_spec(tmp_path, precision, ttl=9))  # deletions too: slots freed outside evictions
+    full = collection(_spec(tmp_path, precision, ttl=9), dim=DIM)  # deletions too: slots freed outside evictions
     out_full = train(full, data)
-    first = collection(_spec(tmp_path, precision, ttl=9))
+    first = collection(_spec(tmp_path, precision, ttl=9), dim=DIM)
     train(first, data[:8])
     sd = first.state_dict()
     assert (sd["ab.store.slot"] >= 0).any() and (sd["ab.store.slot"] < 0).any()
-    second = collection(_spec(tmp_path, precision, ttl=9))
+    second = collection(_spec(tmp_path, precision, ttl=9), dim=DIM)
     second.load_state_dict(sd)
     assert second.groups[0].stats()["ab"]["rows_cache"] == first.groups[0].stats()["ab"]["rows_cache"]
     out_second = train(second, data[8:], start=8)
     assert all(torch.equal(a, b) for a, b in zip(out_second, out_full[8:]))
     assert_same(by_id(full), by_id(second))
     # another size: loads (rows go to host and disk), just not exactly the uninterrupted run
-    other = collection(TierSpec(**{**_spec(tmp_path, precision, ttl=9).__dict__, "cache_bytes": 140 * REC}))
+    other = collection(TierSpec(**{**_spec(tmp_path, precision, ttl=9).__dict__, "cache_bytes": 140 * REC}), dim=DIM)
     other.load_state_dict(sd)
     assert other.groups[0].stats()["ab"]["rows_cache"] == 0 and other.num_rows() == first.num_rows()
     for c in (full, first, second, other):
@@ -199,7 +205,7 @@ def test_a_training_run_with_int8_cold_rows_resumes_exactly(tmp_path) -> None:
     from tierec.train.trainer import Trainer
 
     over = _mostly_on_disk(tmp_path / "rows", prefetch=False) + [
-        "store.cold_precision=int8", "store.host_size=8KiB", "store.memory_budget=48KiB",
+        "embedding.dim=16", "store.cold_precision=int8", "store.host_size=8KiB", "store.memory_budget=48KiB",
         "store.ttl_steps=6", "store.admit_after=2", "train.checkpoint_every=7",
     ]
     full = Trainer(load_config(None, over), tmp_path / "full").fit()

@@ -191,16 +191,25 @@ class PackedCodec:
 
 
 def row_codec(precision: ColdPrecision | str, dim: int, state_widths: list[int], seed: int) -> RowCodec:
-    """The codec of records ``[weights (dim) | state of each width in turn]`` for ``precision``."""
+    """The codec of records ``[weights (dim) | state of each width in turn]`` for ``precision``.
+
+    ``precision`` is the most it may round: a layout that saves no word over the next finer one
+    gives way to it (int8 weights carry 8 bytes of bias and step, so below about 12 dims int8 is
+    bf16; a record of one float stays fp32). ``codec.precision`` says which was chosen.
+    """
     precision = ColdPrecision.parse(precision)
     width = dim + sum(state_widths)
-    if precision is ColdPrecision.FP32:
-        return Fp32Codec(width)
     f_cols, h_cols, col = [], [], dim
     for w in state_widths:  # row-wise state (one float) stays float32; per-dim state goes bf16
         (f_cols if w == 1 else h_cols).extend(range(col, col + w))
         col += w
     weights = list(range(dim))
-    if precision is ColdPrecision.BF16:
-        return PackedCodec(precision, width, f_cols, weights + h_cols, [], seed)
-    return PackedCodec(precision, width, f_cols, h_cols, weights, seed)
+    best: RowCodec = Fp32Codec(width)
+    if precision is ColdPrecision.FP32:
+        return best
+    bf16 = PackedCodec(ColdPrecision.BF16, width, f_cols, weights + h_cols, [], seed)
+    best = bf16 if bf16.words < best.words else best
+    if precision is ColdPrecision.INT8:
+        int8 = PackedCodec(ColdPrecision.INT8, width, f_cols, h_cols, weights, seed)
+        best = int8 if int8.words < best.words else best
+    return best

@@ -86,7 +86,8 @@ class TierState:
                     self._restack_free()
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again)."""
+        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again), or with
+        ``store.slot`` back into their fast-tier slots (see the module docstring)."""
         with self._lock:
             ids = sd["ids"].numpy().astype(np.int64, copy=False)
             n = ids.shape[0]

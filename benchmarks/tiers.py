@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="memory,disk,disk+prefetch,disk+prefetch2", help="disk: runs to compare (disk+prefetchN: N batches ahead)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
+    p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],
+                   help="disk: store.cold_precision of the tiered modes (with +prefetch the thread's moves make runs vary: timing only)")
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -170,6 +172,7 @@ class _Runner:
                 f"store.cache_size={int(self.budget * a.cache_frac)}",
                 f"store.disk_path={disk_dir}",
                 f"store.io_threads={a.io_threads}",
+                f"store.cold_precision={a.cold_precision}",
             ]
         cfg = load_config(None, over)
         self.parts = Components.build(cfg, w.feature_names(), 13)

@@ -48,6 +48,14 @@ class OptimizerKind(StrEnum):
     ADAM = "adam"
 
 
+class ColdPrecision(StrEnum):
+    """How rows are stored in the cold tiers (host DRAM, disk); the fast tier is always fp32."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
 class Pooling(StrEnum):
     SUM = "sum"
     MEAN = "mean"
@@ -376,6 +384,14 @@ class StoreConfig:
     entry in ``tables``, split between the table groups by row size; the
     directory of ids (about 21 bytes per id, docs/scale.md) comes on top. A table that outgrows
     its budget spills to ``disk_path``. See tierec/store/ and docs/performance.md.
+
+    ``cold_precision`` stores rows in the host and disk tiers compactly (tierec/store/codec.py):
+    "bf16" (about 2x the rows per byte), "int8" (row-wise int8 weights: about 2.4x at dim 16,
+    3.4x at dim 64; below about 12 dims it saves nothing over bf16 and is bf16), with stochastic
+    rounding when a row leaves the fast tier; the fast tier
+    and all arithmetic stay fp32, and the host tier's bytes count the compact records. Numbers
+    then depend on which rows were in the fast tier when, so ``prefetch`` (timed by a thread) and
+    ``prune.enabled`` are refused with it; resume from a checkpoint is exact (same store sizes).
     """
 
     enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
@@ -397,6 +413,7 @@ class StoreConfig:
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
     prefetch: bool = False  # pipeline: bring the next batch's rows up while this one computes
     prefetch_depth: int = 2  # batches read ahead by the pipeline
+    cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
     def __post_init__(self) -> None:
@@ -410,6 +427,13 @@ class StoreConfig:
             raise ConfigError(f"store.cache_policy {self.cache_policy!r} is not one of lfu, lru")
         if self.prefetch_depth < 1:
             raise ConfigError("store.prefetch_depth must be >= 1")
+        if self.cold_precision not in {p.value for p in ColdPrecision}:
+            raise ConfigError(f"store.cold_precision {self.cold_precision!r} is not one of {[p.value for p in ColdPrecision]}")
+        if self.cold_precision != ColdPrecision.FP32 and self.prefetch:
+            raise ConfigError(
+                f"store.cold_precision = {self.cold_precision!r} needs store.prefetch = false: the prefetch thread "
+                "moves rows at times that vary from run to run, and compact rows make numbers depend on those moves"
+            )
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ConfigError(f"store.tables names a table twice: {names}")

@@ -14,11 +14,11 @@ FEATURES = ("a", "b", "c")
 DIM = 8
 
 
-def tables(kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD) -> list[TableConfig]:
+def tables(kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD, dim: int = DIM) -> list[TableConfig]:
     opt = OptimizerConfig(kind=kind, lr=0.1)
     return [
-        TableConfig(name="ab", dim=DIM, features=["a", "b"], optimizer=opt),
-        TableConfig(name="c", dim=DIM, features=["c"], optimizer=opt, pooling=Pooling.MEAN),
+        TableConfig(name="ab", dim=dim, features=["a", "b"], optimizer=opt),
+        TableConfig(name="c", dim=dim, features=["c"], optimizer=opt, pooling=Pooling.MEAN),
     ]
 
 
@@ -36,11 +36,13 @@ def batches(steps: int, batch: int = 16, ids: int = 400, seed: int = 0) -> list[
     return out
 
 
-def collection(spec: TierSpec | None, kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD, seed: int = 3) -> EmbeddingCollection:
+def collection(
+    spec: TierSpec | None, kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD, seed: int = 3, dim: int = DIM
+) -> EmbeddingCollection:
     factory = None
     if spec is not None:
         factory = lambda ts, sd, dev: TieredGroup(ts, spec, seed=sd, device=dev)  # noqa: E731
-    return EmbeddingCollection(tables(kind), FEATURES, seed=seed, group_factory=factory)
+    return EmbeddingCollection(tables(kind, dim), FEATURES, seed=seed, group_factory=factory)
 
 
 def train(coll: EmbeddingCollection, data: list[SparseFeatures], start: int = 0) -> list[torch.Tensor]:

@@ -18,3 +18,12 @@ def test_disk_benchmark_runs(tmp_path) -> None:
     assert modes["disk"]["disk_read_rows_per_step"] > 0  # the table really is read from disk
     assert modes["disk"]["table_bytes"] >= 3.9 * modes["disk"]["budget_bytes"]
     assert "disk+prefetch/memory throughput (paired)" in res["ratios"]
+
+
+def test_disk_benchmark_runs_with_compact_cold_rows(tmp_path) -> None:
+    out = tmp_path / "tiers.json"
+    args = ["--which", "disk", "--tables", "3", "--rows", "3000", "--train-batch", "64", "--steps", "4", "--warmup", "2", "--rounds", "2"]
+    args += ["--modes", "memory,disk", "--cold-precision", "int8", "--disk-dir", str(tmp_path), "--threads", "1", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    modes = {r["mode"]: r for r in json.loads(out.read_text())["disk"]["runs"]}
+    assert modes["disk"]["disk_read_rows_per_step"] > 0

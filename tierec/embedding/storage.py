@@ -185,7 +185,7 @@ class RowStorage(Protocol):
 # Table-state entries (``table_state`` output) by how shards of one table combine: one value per row
 # (concatenated in shard order, like the ids), event counts (summed), anything else (the same on every
 # shard, or a statistic of the first: the first shard's).
-_ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "store.freq", "store.last")
+_ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "store.freq", "store.last", "store.slot")
 _COUNT_ENTRIES = ("pruned_chunks", "regrown_chunks", "evicted_rows", "store.counters")
 
 

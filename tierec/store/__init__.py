@@ -24,6 +24,8 @@ _LAZY = {
     "StorePlan": "tierec.store.plan",
     "StoreMonitor": "tierec.store.monitor",
     "StorePipeline": "tierec.store.pipeline",
+    "RowCodec": "tierec.store.codec",
+    "row_codec": "tierec.store.codec",
 }
 
 __all__ = ["format_size", "parse_size", *_LAZY]

@@ -1,7 +1,8 @@
 """DiskTier: fixed-size row records in a file on local disk, with a bounded RAM footprint.
 
 A record is ``[lid | weights | optimizer state]`` (float32, the lid stored as
-int32 bits) at byte ``slot * record_bytes``. Writes are log-structured: rows
+int32 bits) at byte ``slot * record_bytes``; the payload is ``width`` 4-byte
+words, float32 values or a compact encoding's bits (tierec/store/codec.py). Writes are log-structured: rows
 leaving the faster tiers are appended in one sequential write per batch, and
 the old copy's slot is marked dead, so a write never costs the random
 read-modify-write of a partly overwritten page. The file is cut into
@@ -185,7 +186,7 @@ class DiskTier:
         if drop_cache:  # the buffered fallback reads exactly the pages it needs
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.path = path
-        self.width = width  # float32 of payload per record
+        self.width = width  # 4-byte words of payload per record
         self.rec_floats = width + 1  # plus the lid header
         self.rec_bytes = 4 * self.rec_floats
         self.io_threads = max(1, io_threads)

@@ -8,6 +8,9 @@ returns cache slots. Behind it every row has one home: host DRAM (a
 (a :class:`DiskTier`, inclusive: the disk copy stays valid until the cached
 copy is written to). ``lookup`` brings a batch's missing rows up and evicts
 cold unpinned rows, writing back weights and optimizer state together.
+Host and disk hold rows as ``store.cold_precision`` says (a
+:class:`~tierec.store.codec.RowCodec`: fp32, bf16 or int8 words); a row is
+encoded when it leaves the fast tier and decoded when it comes back.
 
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
 evicted until a later lookup starts (the batch's update is done by then); a
@@ -48,6 +51,7 @@ from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import new_state, state_shapes
 from tierec.embedding.table import TableConfig
 from tierec.store import hotness
+from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.host import HostTier
@@ -112,12 +116,15 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.dirty = np.zeros(self.capacity + 1, dtype=bool)  # [C+1] changed since it came up
         self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
         self._n_free_slots = self.capacity
-        host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.record_width)
-        self.host = HostTier(self.record_width, host_rows) if host_rows != 0 else None
+        self._saved_free: np.ndarray | None = None  # free-slot stack of a checkpoint being loaded (TierState)
+        # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
+        self.codec = row_codec(spec.cold_precision, self.dim, list(self._state_widths.values()), seed)
+        host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.codec.words)
+        self.host = HostTier(self.codec.words, host_rows) if host_rows != 0 else None
         self.disk = (
             DiskTier(
                 spec.disk_dir,
-                self.record_width,
+                self.codec.words,
                 io_threads=spec.io_threads,
                 drop_cache=spec.drop_page_cache,
                 segment_rows=spec.disk_segment_rows,
@@ -326,8 +333,9 @@ class TieredGroup(Policies, TierState, TableGroup):
         self._n_free_slots = top + slots.size
 
     def _store_home(self, lids: np.ndarray, records: np.ndarray) -> None:
-        """Write rows to host (the hottest first, while it has room), the rest to disk."""
+        """Write rows (records [n, W]) to host (the hottest first, while it has room), the rest to disk."""
         d = self.index
+        records = self.codec.encode(records, d.keys[lids], d.tabs[lids], self.clock)  # [n, words]
         old_disk = d.loc[lids] == LOC_DISK
         old_slots = d.home[lids][old_disk].astype(np.int64)
         n_host = 0
@@ -365,7 +373,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         on_host = np.flatnonzero(loc == LOC_HOST)
         if on_host.size:
             hs = d.home[lids[on_host]].astype(np.int64)
-            self._scatter(slots[on_host], self.host.read(hs))
+            self._scatter(slots[on_host], self.codec.decode(self.host.read(hs)))
             self.host.free(hs)
             d.loc[lids[on_host]] = LOC_NONE  # the cache holds the only copy now
             d.home[lids[on_host]] = -1
@@ -373,7 +381,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.disk.read(d.home[lids[on_disk]].astype(np.int64), lids[on_disk]))
+            self._scatter(slots[on_disk], self.codec.decode(self.disk.read(d.home[lids[on_disk]].astype(np.int64), lids[on_disk])))
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
@@ -455,16 +463,16 @@ class TieredGroup(Policies, TierState, TableGroup):
         out[res] = self._gather(cs[res].astype(np.int64))
         loc = d.loc[lids]
         h = np.flatnonzero((cs < 0) & (loc == LOC_HOST))
-        out[h] = self.host.read(d.home[lids[h]]) if h.size else out[h]
+        out[h] = self.codec.decode(self.host.read(d.home[lids[h]])) if h.size else out[h]
         k = np.flatnonzero((cs < 0) & (loc == LOC_DISK))
-        out[k] = self.disk.read(d.home[lids[k]], lids[k]) if k.size else out[k]
+        out[k] = self.codec.decode(self.disk.read(d.home[lids[k]], lids[k])) if k.size else out[k]
         return out
 
     def free_rows(self, lids: np.ndarray) -> None:
         """Release every tier's slot of rows ``lids`` (before the directory forgets them)."""
         d = self.index
         cs = d.cslot[lids].astype(np.int64)
-        cs = cs[cs >= 0]
+        cs = np.sort(cs[cs >= 0])  # freed in slot order, not lid order: a resumed run numbers lids anew
         self.slot_lid[cs] = -1
         self.pin[cs] = 0
         self.dirty[cs] = False

@@ -1,4 +1,7 @@
-"""HostTier: rows (weights + optimizer state as one float32 record) in host DRAM.
+"""HostTier: rows (weights + optimizer state as one record of 4-byte words) in host DRAM.
+
+A record is ``width`` float32 words: the row's values, or the packed bits of a
+compact encoding (tierec/store/codec.py), which are copied, never computed on.
 
 A bounded tier reserves its whole array up front, but the operating system
 only backs the pages that are touched, and freed slots are reused first
@@ -21,7 +24,7 @@ import numpy as np
 
 class HostTier:
     def __init__(self, width: int, max_rows: int | None) -> None:
-        self.width = width  # float32 per record
+        self.width = width  # 4-byte words per record
         self.max_rows = max_rows  # None = unbounded
         first = max_rows if max_rows is not None else 1024
         self.data = np.empty((first, width), dtype=np.float32)  # [cap, W]; pages touched on use

@@ -120,7 +120,7 @@ class StoreMonitor:
         for g in self.groups:
             c = g.counters.sum(0)
             hits, misses, new = hits + c[Counter.HITS], misses + c[Counter.MISSES], new + c[Counter.NEW]
-            read += c[Counter.DISK_READ_ROWS] * 4 * (g.record_width + 1)  # bytes: a disk record has a lid header
+            read += c[Counter.DISK_READ_ROWS] * 4 * (g.codec.words + 1)  # bytes: a disk record has a lid header
         looked = hits + misses + new
         out = {"hit": f"{hits / looked:.1%}" if looked else "-", "disk_read": format_size(read)}
         if self.pipeline is not None:

@@ -152,6 +152,7 @@ class StorePlan:
             io_threads=cfg.io_threads,
             drop_page_cache=cfg.drop_page_cache,
             cache_key=f"{where}.cache_size" + ("" if given_cache else f" (a quarter of {where}.memory_budget unless set)"),
+            cold_precision=cfg.cold_precision,
         )
 
 
@@ -167,3 +168,5 @@ def _check_with_pruning(cfg: StoreConfig) -> None:
         )
     if cfg.prefetch:
         raise ConfigError("store.prefetch does not cover pruned tables yet: turn store.prefetch or prune.enabled off")
+    if cfg.cold_precision != "fp32":
+        raise ConfigError("store.cold_precision other than fp32 does not cover pruned tables: set it to fp32 or prune.enabled = false")

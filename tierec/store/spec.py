@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from tierec.config import ConfigError, StrEnum
+from tierec.config import ColdPrecision, ConfigError, StrEnum
 
 
 class Tier(StrEnum):
@@ -63,9 +63,11 @@ class TierSpec:
     drop_page_cache: bool = True  # drop the table file's pages after each I/O
     disk_segment_rows: int = 1 << 16  # records per disk segment (the unit of compaction)
     cache_key: str = "store.cache_size"  # the setting cache_bytes comes from, as messages name it
+    cold_precision: ColdPrecision = ColdPrecision.FP32  # rows in host and disk: fp32 | bf16 | int8 (store/codec.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))
+        object.__setattr__(self, "cold_precision", ColdPrecision.parse(self.cold_precision))
         if self.cache_bytes <= 0:
             raise ConfigError("the fast tier needs a positive size (store.cache_size)")
         if self.host_bytes == 0 and not self.disk_dir:

@@ -9,6 +9,16 @@ sketch. A plain TableGroup loads such a
 state (it ignores the ``store.*`` keys) and a TieredGroup loads a plain one.
 Loaded rows go to host, then disk; the fast tier warms up again as batches
 arrive, which changes no number.
+
+Except with a lossy cold codec (``store.cold_precision`` bf16 / int8): a row
+is rounded each time it leaves the fast tier, so the numbers depend on which
+rows sit in the fast tier, and in which slots (eviction breaks ties by
+slot). Then every row also carries ``store.slot`` (its fast-tier slot, -1
+when away) and table 0 the order of the free slots, and a group that loads
+them into an empty fast tier of the same capacity puts the rows back where
+they were: a resumed run equals the uninterrupted one. Rows read from the
+cold tiers are decoded to float32 and encode to the same values again (the
+codecs are idempotent), so the checkpoint format stays float32.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ class TierState:
                 col += w
             out["store.freq"] = torch.from_numpy(np.asarray(d.freq[rows], dtype=np.float32))
             out["store.last"] = torch.from_numpy(np.asarray(d.last[rows], dtype=np.int32))
+            if self.codec.lossy:  # where the row sits in the fast tier (see the module docstring)
+                out["store.slot"] = torch.from_numpy(np.asarray(d.cslot[rows], dtype=np.int32))
             return out
 
     def table_meta(self, t: int) -> dict[str, Tensor]:
@@ -52,6 +64,9 @@ class TierState:
                 out["store.clock"] = torch.tensor([self.clock, self.train_steps, self.max_batch_rows, added])
                 if self.sketch is not None:
                     out["store.sketch"] = torch.from_numpy(self.sketch.table.astype(np.int64))
+                if self.codec.lossy:  # the free fast-tier slots, bottom of the stack first
+                    out["store.free_slots"] = torch.from_numpy(self._free_slots[: self._n_free_slots].astype(np.int32))
+                    out["store.capacity"] = torch.tensor([self.capacity], dtype=torch.int64)
             return out
 
     def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
@@ -64,9 +79,15 @@ class TierState:
             if "store.counters" in sd:
                 c = sd["store.counters"].numpy()
                 self.counters[t, : c.shape[0]] = c[: len(Counter)]
+            if "store.free_slots" in sd:  # put the fast tier back as it was, if it is the same and empty
+                same = int(sd["store.capacity"][0]) == self.capacity and self.index.num_rows == 0
+                self._saved_free = sd["store.free_slots"].numpy().astype(np.int64) if same else None
+                if same:
+                    self._restack_free()
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again)."""
+        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again), or with
+        ``store.slot`` back into their fast-tier slots (see the module docstring)."""
         with self._lock:
             ids = sd["ids"].numpy().astype(np.int64, copy=False)
             n = ids.shape[0]
@@ -79,7 +100,8 @@ class TierState:
                 col += w
             freq = sd["store.freq"].numpy() if "store.freq" in sd else None
             last = sd["store.last"].numpy() if "store.last" in sd else None
-            self._put(ids, np.full(n, t, dtype=np.int32), rec, freq, last)
+            slots = sd["store.slot"].numpy().astype(np.int64) if "store.slot" in sd and self._saved_free is not None else None
+            self._put(ids, np.full(n, t, dtype=np.int32), rec, freq, last, slots)
 
     def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         """Overwrite (or insert) rows of (table, id) pairs with ``records`` [n, W]; known rows keep their
@@ -87,7 +109,7 @@ class TierState:
         with self._lock:
             self._put(keys, tabs.astype(np.int32, copy=False), np.ascontiguousarray(records, dtype=np.float32))
 
-    def _put(self, ids: np.ndarray, tabs: np.ndarray, rec: np.ndarray, freq=None, last=None) -> None:
+    def _put(self, ids: np.ndarray, tabs: np.ndarray, rec: np.ndarray, freq=None, last=None, slots=None) -> None:
         d = self.index
         n = ids.shape[0]
         lids = d.find(ids, tabs)
@@ -114,6 +136,36 @@ class TierState:
         new = np.flatnonzero(lids < 0)
         if new.size:
             nl = d.insert(ids[new], tabs[new])
+            home = np.ones(new.size, dtype=bool)
+            if slots is not None:  # back into their fast-tier slots first (then freq and last are exact there)
+                s = slots[new]
+                home = (s < 1) | (s > self.capacity)
+                home[~home] = self.slot_lid[s[~home]] >= 0  # taken (a checkpoint of several processes) ...
+                cand = np.flatnonzero(~home)
+                home[cand] = True
+                home[cand[np.unique(s[cand], return_index=True)[1]]] = False  # ... or claimed twice
+                self._place(nl[~home], s[~home], rec[new[~home]])
             d.freq[nl] = freq[new] if freq is not None else np.zeros(new.size, dtype=np.float32)
             d.last[nl] = last[new] if last is not None else np.full(new.size, self.train_steps, dtype=np.int64)
-            self._store_home(nl, rec[new])
+            self._store_home(nl[home], rec[new[home]])
+
+    def _place(self, lids: np.ndarray, slots: np.ndarray, rec: np.ndarray) -> None:
+        """Put new rows ``lids`` (away from every tier) into free fast-tier ``slots`` with records [n, W]."""
+        if lids.size == 0:
+            return
+        self._scatter(slots, rec)
+        self.index.cslot[lids] = slots
+        self.slot_lid[slots] = lids
+        self.dirty[slots] = True  # no copy in a slower tier
+        self.pin[slots] = 0
+        self._restack_free()
+
+    def _restack_free(self) -> None:
+        """The free-slot stack as saved (``_saved_free``), below it the slots kept for rows still to load."""
+        saved = self._saved_free
+        free = np.flatnonzero(self.slot_lid[1:] < 0) + 1
+        in_saved = np.zeros(self.capacity + 1, dtype=bool)
+        in_saved[saved] = True
+        stack = np.concatenate([free[~in_saved[free]][::-1], saved[self.slot_lid[saved] < 0]])
+        self._free_slots[: stack.size] = stack
+        self._n_free_slots = stack.size

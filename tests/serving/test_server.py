@@ -123,3 +123,20 @@ def test_a_port_in_use_is_one_line(server: str, export, capsys) -> None:
     port = int(server.rsplit(":", 1)[1])
     assert main(["serve", str(export[0]), "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip() == f"tierec: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_the_listening_socket_is_tcp_so_replies_are_not_delayed() -> None:
+    """asyncio sets TCP_NODELAY only on sockets whose proto says TCP; with proto 0 every reply written in two parts
+    waited for the client's delayed ACK (44 ms p50 for a 1-row request, against 4 ms with it)."""
+    from tierec.serving.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        client = socket.create_connection(sock.getsockname()[:2])
+        conn, _ = sock.accept()
+        assert conn.proto == socket.IPPROTO_TCP  # what asyncio checks before it sets TCP_NODELAY on a connection
+        conn.close()
+        client.close()
+    finally:
+        sock.close()

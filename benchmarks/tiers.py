@@ -58,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],
                    help="disk: store.cold_precision of the tiered modes (with +prefetch the thread's moves make runs vary: timing only)")
+    p.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="disk: another store.* setting of the tiered modes (repeatable), e.g. store.promote_max=20000")
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -173,6 +175,7 @@ class _Runner:
                 f"store.disk_path={disk_dir}",
                 f"store.io_threads={a.io_threads}",
                 f"store.cold_precision={a.cold_precision}",
+                *a.store_set,
             ]
         cfg = load_config(None, over)
         self.parts = Components.build(cfg, w.feature_names(), 13)

@@ -86,6 +86,9 @@ class SchemaConfig:
     categorical_encoding: str = ""  # "hash" | "hex"; "" = hex for the criteo preset, else hash
     # CSV/TSV field delimiter, one character or several (MovieLens' "::"); "" = from the format ("," for csv, tab for tsv).
     delimiter: str = ""
+    # keep only the rows where COLUMN OP NUMBER holds, e.g. "rating != 0" (0 = not rated); OP one of == != < <= > >=;
+    # other rows are dropped before training and evaluation (not counted as malformed); "" = every row
+    filter: str = ""
 
     def __post_init__(self) -> None:
         if not self.label:

@@ -97,8 +97,12 @@ def _number_or_nan(v: object) -> float:
         return float("nan")
 
 
+FILTERED = -1  # ``err`` of a row that data.schema.filter drops (not a malformed row)
+
+
 class BlockParser:
-    """Parses record batches of one schema. Error code k names column ``codes[k - 1]``."""
+    """Parses record batches of one schema. Error code k > 0 names column ``codes[k - 1]``; rows with code
+    :data:`FILTERED` fail the schema's row filter."""
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
@@ -109,7 +113,7 @@ class BlockParser:
         self._multi = set(schema.multi_valued)
 
     def parse(self, batch: pa.RecordBatch) -> tuple[RowBlock, np.ndarray]:
-        """All rows of ``batch`` as a block, and ``err`` [n] int32 (0 = row is fine)."""
+        """All rows of ``batch`` as a block, and ``err`` [n] int32 (0 = row is fine, > 0 malformed, FILTERED dropped)."""
         s = self.schema
         n = batch.num_rows
         err = np.zeros(n, np.int32)
@@ -129,6 +133,9 @@ class BlockParser:
             else:
                 features.append((self._ids(arr, f, err, code), None))
         block = RowBlock.from_features(labels, dense, features)
+        if s.row_filter is not None:  # rows that fail data.schema.filter: dropped, not malformed
+            keep = s.row_filter.keep(number_values(self._column(batch, s.row_filter.column)))
+            err[(err == 0) & ~keep] = FILTERED
         if s.order_column:
             block = block.with_order(number_values(self._column(batch, s.order_column)))
         return block, err

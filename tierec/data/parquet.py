@@ -109,7 +109,7 @@ class ParquetFile:
                     continue
                 batch = batch.slice(a, b - a)
                 block, err = parser.parse(batch)
-                bad_rows = np.flatnonzero(err)
+                bad_rows = np.flatnonzero(err > 0)  # (err < 0: filtered out, not malformed)
                 for r in bad_rows.tolist():
                     column = parser.codes[int(err[r]) - 1]
                     fatal = parser.is_fatal(batch, r, int(err[r]))
@@ -122,7 +122,7 @@ class ParquetFile:
                     report.add(batch_start + a + r + 1, message, column)
                 report.count_rows(batch.num_rows)
                 block = block.with_rows(np.arange(batch_start + a, batch_start + b, dtype=np.int64))
-                yield block.select(err == 0) if len(bad_rows) else block
+                yield block.select(err == 0) if err.any() else block
         finally:
             meta.close()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tierec.config import SchemaConfig
 from tierec.data.errors import DataError
+from tierec.data.row_filter import RowFilter
 from tierec.data.hashing import MAX_FEATURES
 
 CRITEO_DENSE: tuple[str, ...] = tuple(f"I{i}" for i in range(1, 14))
@@ -50,6 +51,7 @@ class Schema:
     quoting: bool  # CSV fields may be quoted
     label_threshold: float = math.nan  # nan: labels are 0/1 (or in between); else label >= threshold is 1
     order_column: str = ""  # a column split's column, read into each block's ``order`` (data.split_column)
+    row_filter: RowFilter | None = None  # data.schema.filter: rows that fail it are dropped
 
     @property
     def labeled(self) -> bool:
@@ -60,11 +62,13 @@ class Schema:
     def needed(self) -> tuple[str, ...]:
         """Every column the reader must find (each once)."""
         names = (self.label, *self.dense, *self.categorical) if self.label else (*self.dense, *self.categorical)
-        return names if not self.order_column or self.order_column in names else (*names, self.order_column)
+        extra = [c for c in (self.order_column, self.row_filter.column if self.row_filter else "") if c and c not in names]
+        return (*names, *dict.fromkeys(extra))
 
     def without_label(self) -> Schema:
         """The schema of the same file without its label column (Criteo's test layout: 39 columns)."""
-        return dataclasses.replace(self, label="", columns=tuple(c for c in self.columns if c != self.label))
+        keep = self.row_filter if self.row_filter is None or self.row_filter.column != self.label else None
+        return dataclasses.replace(self, label="", columns=tuple(c for c in self.columns if c != self.label), row_filter=keep)
 
     @property
     def delimiter_name(self) -> str:
@@ -107,8 +111,9 @@ def criteo_schema(header: bool = False, delimiter: str = "\t") -> Schema:
 
 def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
     """The schema for a file of format ``fmt`` (criteo | csv | tsv | parquet)."""
+    row_filter = RowFilter.parse(cfg.filter) if cfg.filter else None
     if fmt == "criteo":
-        return dataclasses.replace(criteo_schema(header=False), label_threshold=cfg.label_threshold)
+        return dataclasses.replace(criteo_schema(header=False), label_threshold=cfg.label_threshold, row_filter=row_filter)
     delimiter = cfg.delimiter or _DELIMITERS.get(fmt, "")
     if cfg.preset == "criteo":
         base = criteo_schema(header=cfg.header, delimiter=delimiter)
@@ -136,6 +141,8 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
         raise DataError(f"schema uses column(s) {dup} more than once")
     if encoding == "hex" and len(categorical) > MAX_FEATURES:
         raise DataError(f"hex encoding supports at most {MAX_FEATURES} categorical features")
+    if columns and row_filter is not None and row_filter.column not in columns:
+        raise DataError(f"data.schema.filter names column {row_filter.column!r}, which is not in data.schema.columns {list(columns)}")
     if columns:
         absent = [c for c in names if c not in columns]
         if absent:
@@ -153,4 +160,5 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
         delimiter=delimiter,
         quoting=delimiter not in ("\t", ""),
         label_threshold=cfg.label_threshold,
+        row_filter=row_filter,
     )

@@ -237,14 +237,14 @@ class TextFile:
         try:
             for batch in batches:
                 block, err = parser.parse(batch)
-                bad_rows = np.flatnonzero(err)
+                bad_rows = np.flatnonzero(err > 0)  # (err < 0: filtered out, not malformed)
                 lines, invalid = tracker.advance(batch.num_rows)  # [m] file line of every accepted row
                 bad: list[Problem] = [(int(lines[r]), (batch, int(r))) for r in bad_rows]
                 problems: list[Problem] = sorted([*invalid, *bad], key=lambda x: x[0])
                 _report(problems, report, strict, self.display, parser, err)
                 report.count_rows(batch.num_rows + len(invalid))
                 block = block.with_rows(lines - (head + 1))  # 0-based data rows
-                yield block.select(err == 0) if len(bad_rows) else block
+                yield block.select(err == 0) if err.any() else block
         except pa.ArrowInvalid as e:
             m = _STOPPED_AT.search(str(e))
             if m:

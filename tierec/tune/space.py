@@ -172,7 +172,7 @@ class TuneConfig:
 
     evals_per_epoch: int = 2  # validation AUCs reported to the pruner per epoch of a trial
     startup_trials: int = 3  # trials run whole before any is pruned (MedianPruner's n_startup_trials)
-    warmup_evals: int = 1  # evaluations of a trial before it may be pruned (MedianPruner's n_warmup_steps)
+    warmup_evals: int = 0  # evaluations a trial runs before one may prune it (0: from its first evaluation on)
     seed: int = 0  # the sampler's seed (TPE)
     space: dict[str, Any] = field(default_factory=dict)  # narrowing of the default ranges (see the module's doc)
 

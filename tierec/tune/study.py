@@ -180,7 +180,7 @@ class Tuner:
         except Exception as e:  # noqa: BLE001 - any driver's error: one line
             raise ConfigError(f"--storage {url}: {str(e).splitlines()[0][:200]}") from None
         tune = self.job.tune
-        pruner = self.job.pruner or optuna.pruners.MedianPruner(n_startup_trials=tune.startup_trials, n_warmup_steps=tune.warmup_evals)
+        pruner = self.job.pruner or optuna.pruners.MedianPruner(n_startup_trials=tune.startup_trials, n_warmup_steps=tune.warmup_evals + 1)  # (reported at evaluations 1, 2, ...)
         study = optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize", pruner=pruner,
                                     load_if_exists=self.job.resume or not local)
         # A resumed study draws on from where it stopped (the same seed would repeat its first trials); processes

@@ -8,6 +8,7 @@
     tierec serve DIR [--port P] [--host 127.0.0.1]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
+    tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--resume] [--storage URL]
     tierec inspect FILE [--rows N] [--delimiter D] [--header/--no-header] [--encoding E] [--out schema.toml]
     tierec bench [benchmark options]
 
@@ -118,6 +119,45 @@ def _finish(cfg: Config, summary: dict) -> None:
 
         files = write_plots(summary["run_dir"])
         print(f"plots           {', '.join(p.name for p in files)}  (`tierec report RUN_DIR` draws them again)")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tierec.config import flatten_dict, merged_dict
+    from tierec.tune.space import tune_config
+    from tierec.tune.study import TuneJob, Tuner, require_optuna
+
+    require_optuna()  # before anything else: one line when it is missing
+    if args.trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {args.trials}")
+    run_dir = Path(args.run_dir or f"runs/tune-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.resume:  # the study's own base config and [tune] settings
+        if args.config or args.overrides:
+            raise ConfigError(f"--resume continues with {run_dir}/config.toml and {run_dir}/tune.toml: drop --config and --set")
+        if not (run_dir / "tune.toml").is_file():
+            raise ConfigError(f"--resume: {run_dir} holds no study of `tierec tune` (no tune.toml); start one without --resume")
+        data = merged_dict([run_dir / "config.toml", run_dir / "tune.toml"])
+        tune = tune_config(data)
+        cfg = from_dict(Config, upgrade_saved(data))
+    else:
+        data = merged_dict(args.config, _overrides(args))
+        tune = tune_config(data)  # the [tune] table is tune's; the rest is a training config
+        cfg = _sized(from_dict(Config, data), set(flatten_dict(data)))
+    if not args.progress:
+        cfg.train.progress = False
+    preflight(cfg)
+    summary = Tuner(TuneJob(cfg, tune, run_dir, trials=args.trials, resume=args.resume, storage=args.storage)).run()
+    print()
+    print(f"trials          {summary['trials']} ({summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed)")
+    print(f"best trial      {summary['best_trial']}  (validation AUC {summary['best_validation_auc']:.4f})")
+    print(f"best params     {' '.join(f'{k}={v:.3g}' if isinstance(v, float) else f'{k}={v}' for k, v in summary['best_params'].items())}")
+    print(f"test AUC        {summary['test_auc']:.4f}  (the best config trained on train + validation, once)")
+    print(f"best config     {run_dir / 'best.toml'}  (tierec train --config {run_dir / 'best.toml'})")
+    print(f"run directory   {run_dir}  (study {summary['storage']}; trials.png, tune_summary.json)")
+    if cfg.train.plots:
+        from tierec.train.plots import write_plots
+
+        write_plots(summary["final_run_dir"])
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -365,6 +405,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "tune", help="search learning rates, dim, dropout, weight decay, epochs and batch size with Optuna",
+        description="Tune a training config: Optuna trials of `tierec train` on the validation split (pruned early "
+                    "on their validation AUC), then the best config trained on train + validation and tested once. "
+                    "Ranges by data size, narrowed by a [tune.space] table in a --config file; see docs/models.md, "
+                    "\"Tuning with tierec tune\". Needs the extra: pip install 'tierec[tune]'.",
+    )
+    _add_config_args(p)
+    p.add_argument("--run-dir", metavar="DIR", help="where the study (study.db), trials, best.toml and the final run go "
+                                                    "(default runs/tune-<time>)")
+    p.add_argument("--trials", type=int, default=20, metavar="N",
+                   help="finished (complete or pruned) trials the study ends with, counting earlier ones (default: 20)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the study in --run-dir up to --trials, with its own config.toml and tune.toml")
+    p.add_argument("--storage", default="", metavar="URL",
+                   help="an RDB URL (e.g. postgresql://host/db, sqlite:///shared/study.db) for a study shared by "
+                        "several machines (default: sqlite:///DIR/study.db)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar for the final run")
+    p.set_defaults(func=cmd_tune)
 
     from tierec.data.inspect import DEFAULT_SAMPLE_ROWS
 

@@ -162,8 +162,11 @@ def _remove_own_files(run_dir: Path) -> None:
 
 
 @contextmanager
-def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
-    """Check, create, lock (and with ``overwrite`` clear) ``run_dir`` for one training process."""
+def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, kept: str = "checkpoints/latest") -> Iterator[Path]:
+    """Check, create, lock (and with ``overwrite`` clear) ``run_dir`` for one training process.
+
+    ``kept``: the name whose presence at the end means the run kept something (`tierec tune`: its study);
+    without it, a run directory this claim created is removed again."""
     run_dir = Path(run_dir)
     check_run_dir(run_dir, resume=resume, overwrite=overwrite)
     created = not run_dir.exists()
@@ -183,7 +186,7 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[P
         yield run_dir
     finally:
         _release(lock)
-        if created and not (run_dir / "checkpoints" / "latest").exists():
+        if created and not (run_dir / kept).exists():
             _remove_own_files(run_dir)  # nothing was kept: a run dir made for nothing leaves nothing behind
             (run_dir / MARKER).unlink(missing_ok=True)
             try:

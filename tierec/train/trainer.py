@@ -135,6 +135,12 @@ class Trainer:
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
         self._pipe: TrainPipeline | None = None
         self._data: Dataset | None = None  # the training data, opened once by the loop
+        # Set by a caller that watches the run (`tierec tune`): called with (step, validation AUC) after every
+        # validation; True stops the run there, as an early stop does. ``test_at_end = False`` leaves the test
+        # split unread (a tuning trial sees validation only; its summary has no test_* keys).
+        self.on_validation: Callable[[int, float], bool] | None = None
+        self.test_at_end = True
+        self._halted = False
 
     # ------------------------------------------------------------------ fit
 
@@ -230,6 +236,9 @@ class Trainer:
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience
                         if done:
                             (bar.write if bar is not None else self.echo)(f"step {pos.step}: early stop, no better validation AUC in {pos.evals_since_best} evaluations")
+                        elif self._halted:
+                            done = True
+                            (bar.write if bar is not None else self.echo)(f"step {pos.step}: stopped by its caller (on_validation)")
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
                         self._save(parts, ckpt_dir, pos)
                     if self._stop_requested():
@@ -255,17 +264,18 @@ class Trainer:
         if eval_split == "validation":
             if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
                 self._track_best(parts, self._eval(parts, log, pos, None, "validation"), pos, "validation")
-            if pos.best_step != pos.step:
-                self._load_weights(parts, ckpt_dir / BEST_DIR)
             best = {"best_step": pos.best_step, "best_validation_auc": pos.best_auc}
-            result = self._eval(parts, log, pos, None, "test")
+            result = None
+            if self.test_at_end:
+                if pos.best_step != pos.step:
+                    self._load_weights(parts, ckpt_dir / BEST_DIR)
+                result = self._eval(parts, log, pos, None, "test")
+        tested = {} if result is None else {"test_auc": result["auc"], "test_logloss": result["logloss"], "test_rows": result["rows"]}
         summary = {
             "tierec_version": tierec_version(),
             "steps": pos.step,
             **best,
-            "test_auc": result["auc"],
-            "test_logloss": result["logloss"],
-            "test_rows": result["rows"],
+            **tested,
             "train_samples_per_s": samples / busy if busy else (first[0] / max(first[1], 1e-9) if first else float("nan")),
             "final_train_loss": full_loss if full_loss == full_loss else last_loss,
             **self._footprint(parts),
@@ -277,12 +287,13 @@ class Trainer:
             summary["peak_memory_bytes_per_process"] = self.job.gather_ints(summary["peak_memory_bytes"])
         if parts.pruner is not None:
             summary["prune"] = parts.pruner.stats()
-        if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
+        if result is not None and (cfg.data.source == "synthetic" or cfg.data.format == "synthetic"):
             summary["planted_auc"] = planted_auc(cfg, result["rows"])
         log.write({"kind": "final", **summary})
         if self.is_main:
             self.files.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
-        require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
+        if result is not None:
+            require_defined(result, f"the test split of {cfg.data.test_source or cfg.data.source}")  # after saving: exit 2, never 0
         return summary
 
     # ------------------------------------------------------------- pieces
@@ -365,6 +376,8 @@ class Trainer:
             self._save(parts, self._own_dir(f"checkpoints/{BEST_DIR}"), pos)
         else:
             pos.evals_since_best += 1
+        if self.on_validation is not None and self.on_validation(pos.step, float(result["auc"])):
+            self._halted = True
 
     def _load_weights(self, parts: Components, ckpt_dir: Path) -> None:
         """The state of the checkpoint in ``ckpt_dir`` (the best one), without a word."""

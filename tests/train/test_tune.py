@@ -1,0 +1,95 @@
+"""`tierec tune` (issue 25): a study of training trials on the validation split, pruning, resume, the final run."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tierec.cli import main
+from tierec.config import ConfigError, load_config, merged_dict
+from tierec.tune.space import Choices, FloatRange, default_space, narrow, tune_config
+from tierec.tune.study import TuneJob, Tuner
+
+TINY = ["data.synthetic.train_rows=3000", "data.synthetic.test_rows=1000", "data.synthetic.cardinality_scale=0.001",
+        "train.batch_size=256", "model.bottom_mlp=[8]", "model.top_mlp=[8]", "tune.space.epochs=1",
+        "tune.space.batch_size=256", "tune.space.dim=[4, 8]"]
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [x for o in items for x in ("--set", o)]
+
+
+def _trial_count(run: Path) -> int:
+    with sqlite3.connect(run / "study.db") as db:
+        return db.execute("select count(*) from trials").fetchone()[0]
+
+
+def test_a_study_writes_the_best_config_the_final_run_and_resumes(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "tune"
+    assert main(["tune", "--run-dir", str(run), "--trials", "3", "--no-progress", *_sets(TINY)]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("trial ") for line in out.splitlines()) == 3  # a progress line per trial
+    assert "validation AUC" in out and "test AUC" in out
+    summary = json.loads((run / "tune_summary.json").read_text())
+    assert summary["trials"] == 3 and 0.5 < summary["test_auc"] <= 1.0
+    assert set(summary["best_params"]) == {"embedding_lr", "dense_lr", "dim", "dropout", "weight_decay", "epochs", "batch_size"}
+    best = tomllib.loads((run / "best.toml").read_text())
+    assert best["embedding"]["dim"] == summary["best_params"]["dim"]
+    assert best["data"]["synthetic"]["validation_rows"] == 0  # trained on train + validation
+    assert best["data"]["synthetic"]["train_rows"] == 4000
+    assert (run / "trials.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run / "final" / "summary.json").read_text())["test_auc"] == summary["test_auc"]
+    for n in range(3):  # a trial never evaluates test; its value is its best validation AUC
+        trial = json.loads((run / "trials" / f"{n:04d}" / "summary.json").read_text())
+        assert "test_auc" not in trial and trial["best_validation_auc"] > 0
+    assert _trial_count(run) == 3
+
+    assert main(["tune", "--run-dir", str(run), "--trials", "3", "--no-progress", *_sets(TINY)]) == 2  # not over it
+    assert "--resume" in capsys.readouterr().err
+    assert main(["tune", "--run-dir", str(run), "--trials", "4", "--resume", "--no-progress"]) == 0
+    assert _trial_count(run) == 4  # the same study, continued to --trials
+    assert json.loads((run / "tune_summary.json").read_text())["trials"] == 4
+
+
+def test_a_pruned_trial_stops_at_its_first_evaluation(tmp_path: Path) -> None:
+    optuna = pytest.importorskip("optuna")
+
+    class PruneAfterFirst(optuna.pruners.BasePruner):  # trial 0 runs whole, every later one is pruned at once
+        def prune(self, study, trial) -> bool:  # noqa: ANN001 - Optuna's
+            return trial.number > 0
+
+    data = merged_dict(None, TINY + ["tune.space.epochs=2"])
+    tune = tune_config(data)
+    cfg = load_config(None, [o for o in TINY if not o.startswith("tune.")])
+    lines: list[str] = []
+    summary = Tuner(TuneJob(cfg, tune, tmp_path / "tune", trials=2, pruner=PruneAfterFirst(), echo=lines.append)).run()
+    assert (summary["complete"], summary["pruned"], summary["best_trial"]) == (1, 1, 0)
+    assert " pruned " in lines[1] and " complete " in lines[0]
+    steps = [json.loads((tmp_path / "tune" / "trials" / f"{n:04d}" / "summary.json").read_text())["steps"] for n in (0, 1)]
+    # 3000 rows of 256: 12 steps an epoch, 2 epochs, a validation every 6 steps: the pruned one stopped at the first
+    assert steps == [24, 6]
+
+
+def test_a_missing_optuna_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    assert main(["tune", "--run-dir", str(tmp_path / "t"), "--trials", "1", *_sets(TINY)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'tierec[tune]'" in err
+    assert not (tmp_path / "t").exists()
+
+
+def test_the_space_by_data_size_and_its_narrowing(tmp_path: Path, capsys) -> None:
+    cfg = load_config(None, [])
+    assert default_space(cfg, 5_000_000).dim == Choices((16, 32, 64))
+    lr = default_space(cfg, 100_000).embedding_lr
+    assert lr == FloatRange(cfg.embedding.optimizer.lr / 10, cfg.embedding.optimizer.lr * 10, log=True)
+    assert narrow(default_space(cfg, None), {"weight_decay": [1e-6, 1e-5]}).weight_decay.log
+    with pytest.raises(ConfigError, match="low <= high"):
+        narrow(default_space(cfg, None), {"dropout": [0.5, 0.1]})
+    assert main(["tune", "--run-dir", str(tmp_path / "t"), *_sets(TINY + ["tune.space.dropout=[0.5, 0.1]"])]) == 2
+    assert "low <= high" in capsys.readouterr().err

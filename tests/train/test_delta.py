@@ -13,7 +13,7 @@ import torch
 from tierec.config import ConfigError, load_config
 from tierec.data import open_dataset
 from tierec.embedding.changes import ChangeLog
-from tierec.train.checkpoint import load_checkpoint
+from tierec.train.checkpoint import CheckpointError, load_checkpoint
 from tierec.train.state import row_chunks, snapshot_state
 from tierec.train.trainer import Trainer
 
@@ -87,8 +87,13 @@ def test_full_plus_deltas_is_the_full_checkpoint_and_trains_on_the_same(tmp_path
     names = sorted(p.name for p in ckpts.iterdir() if p.name.startswith(("step_", "delta_")))
     # step 2 was pruned (keep = 2), and its delta (step 4) with it
     assert names == ["delta_00000006_of_00000005", "delta_00000008_of_00000005", "step_00000005", "step_00000009"]
-    delta = load_checkpoint(ckpts / "delta_00000008_of_00000005")[1]
+    tensors, delta = load_checkpoint(ckpts / "delta_00000008_of_00000005")
     assert delta["delta"] == {"base": 5, "previous": 6} and delta["position"]["step"] == 8
+    changed = tensors["emb/C1.ids"].numel()
+    assert 0 < changed < load_checkpoint(ckpts / "step_00000005")[0]["emb/C1.ids"].numel() + changed
+    if tiered:  # store.ttl_steps expired rows: the deltas name them
+        deleted = [load_checkpoint(ckpts / n)[0] for n in names if n.startswith("delta_")]
+        assert any(k.startswith("deleted/") and v.numel() for t in deleted for k, v in t.items())
 
     # the reference: a full checkpoint at step 8 of the same training
     ref_cfg = load_config(None, over + ["train.checkpoint_every=8", "train.max_steps=9"])
@@ -126,6 +131,8 @@ def test_a_damaged_delta_ends_the_chain(tmp_path: Path) -> None:
     meta = trainer._restore_with_deltas(trainer._build(probe), ckpts / "step_00000005")
     assert meta["position"]["step"] == 6
     assert any("delta_00000008_of_00000005" in s and "resuming from step 6" in s for s in said)
+    with pytest.raises(CheckpointError, match="is a delta checkpoint"):
+        trainer._restore_from(trainer._build(probe), ckpts / "delta_00000006_of_00000005")
 
 
 def test_change_log_last_event_wins() -> None:

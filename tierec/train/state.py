@@ -115,6 +115,9 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
     this process owns. The embeddings' counters are this rank's own when the
     world size is unchanged, else rank 0's.
     """
+    if "delta" in ckpt.meta:
+        raise CheckpointError(f"{ckpt.path} is a delta checkpoint (the rows changed since step {ckpt.meta['delta']['previous']}); "
+                              f"restore its full checkpoint, {ckpt.path.parent}, which applies its deltas on --resume")
     dense = _valid(ckpt.state(0))
     if ckpt.format < 2:  # every tensor in one file
         _restore_flat(parts, dense, ckpt.meta["state"])

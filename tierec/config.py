@@ -315,6 +315,10 @@ class TrainConfig:
     early_stop_patience: int = 0  # stop after this many evaluations without a better validation AUC; 0 = never
     eval_batches: int = 0  # 0 = the whole split
     checkpoint_every: int = 0  # steps; 0 = only at the end
+    # Every delta_every steps between full checkpoints, publish a delta checkpoint (checkpoints/delta_<step>_of_<base>):
+    # only the rows changed and the ids deleted since the last publication, plus the small dense state;
+    # --resume restores the newest full checkpoint plus its deltas (tierec/train/delta.py). 0 = off.
+    delta_every: int = 0
     seed: int = 0  # seed of the initialisation, the data order and dropout
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True  # a progress bar (a line every 30 s when stderr is not a terminal)
@@ -346,7 +350,7 @@ class TrainConfig:
             raise ConfigError("train.early_stop_patience counts evaluations: set train.eval_every too")
         if self.epochs <= 0:
             raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
-        for key in ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+        for key in ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "delta_every", "threads"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         _positive_rate(self.dense_lr, "train.dense_lr")
@@ -568,6 +572,11 @@ class Config:
     def __post_init__(self) -> None:
         if self.format != CONFIG_FORMAT:
             raise ConfigError(f"format = {self.format}: this tierec reads configs of format {CONFIG_FORMAT}")
+        if self.train.delta_every and self.prune.enabled:
+            raise ConfigError("train.delta_every does not work with prune.enabled yet (pruned rows are not tracked); turn one off")
+        if self.train.delta_every and self.store.cold_precision != "fp32":
+            raise ConfigError(f"train.delta_every needs store.cold_precision = \"fp32\" (a lossy codec changes rows as they "
+                              f"move between tiers), got {self.store.cold_precision!r}")
         if self.prune.enabled:
             dims = [self.embedding.dim] + [t.dim for t in self.embedding.tables if t.dim]
             for key in ("min_dim", "init_dim"):

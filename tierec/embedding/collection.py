@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from tierec.batch import SparseFeatures
 from tierec.device import to_device
 from tierec.embedding.ahead import Ahead, Prepared
+from tierec.embedding.changes import RowChanges
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
@@ -221,6 +222,48 @@ class EmbeddingCollection(nn.Module):
         """Insert (or overwrite) one chunk of ``iter_rows`` output; rows of unknown tables are an error."""
         g, ti = self._table_slot(table)
         g.write_records(ti, records)
+
+    # --------------------------------------------------------------- changes
+
+    def track_changes(self) -> None:
+        """Every group notes its changed and deleted rows from now on (tierec/embedding/changes.py)."""
+        for g in self.groups:
+            g.track_changes()
+
+    def mark_changes(self) -> None:
+        """The state as of now is published: every group forgets its changes."""
+        for g in self.groups:
+            g.mark()
+
+    def changes(self) -> list[RowChanges]:
+        """Per group: the ids changed and deleted since the last :meth:`mark_changes`."""
+        return [g.changed_since_mark() for g in self.groups]
+
+    def changed_rows(self, changes: list[RowChanges], chunk_bytes: int = 1 << 24) -> Iterator[tuple[str, dict[str, Tensor]]]:
+        """``(table name, records)`` of the changed rows, like :meth:`iter_rows`, a bounded chunk at a time."""
+        for g, ch in zip(self.groups, changes):
+            max_rows = max(1, chunk_bytes // g.bytes_per_row())
+            for ti, t in enumerate(g.tables):
+                ids = ch.changed[ti]
+                for lo in range(0, ids.size, max_rows):
+                    yield t.name, g.records_by_ids(ti, ids[lo : lo + max_rows])
+
+    def deleted_ids(self, changes: list[RowChanges]) -> dict[str, Tensor]:
+        """``{table name: ids}`` deleted since the last mark (tables without deletions left out)."""
+        return {t.name: torch.from_numpy(ch.deleted[ti]) for g, ch in zip(self.groups, changes)
+                for ti, t in enumerate(g.tables) if ch.deleted[ti].size}
+
+    def delete_rows(self, table: str, ids: Tensor) -> None:
+        g, ti = self._table_slot(table)
+        keys = ids.numpy().astype(np.int64, copy=False)
+        g.delete_records(keys, np.full(keys.shape[0], ti, dtype=np.int32))
+
+    def catch_up(self, sd: dict[str, Tensor]) -> None:
+        """Before a delta's :meth:`load_state_meta`: statistics of the rows it does not carry brought forward."""
+        for g in self.groups:
+            for ti, t in enumerate(g.tables):
+                prefix = f"{t.name}."
+                g.catch_up(ti, {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
 
     def _table_slot(self, name: str) -> tuple[TableGroup, int]:
         for g in self.groups:

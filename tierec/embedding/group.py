@@ -26,6 +26,7 @@ from torch import Tensor
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.arena import GrowableArray, resident_bytes
+from tierec.embedding.changes import ChangeLog, RowChanges
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
@@ -52,6 +53,7 @@ class TableGroup:
         self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
         self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
+        self._changes: ChangeLog | None = None  # rows changed since the last publication, once tracked
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
         self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
 
@@ -127,6 +129,7 @@ class TableGroup:
             w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
             kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
             self.weights[torch.from_numpy(rows).to(self.device)] = torch.from_numpy(w).to(self.device)
+        self._note(keys, tabs)
         # Optimizer state of a reused row number must start fresh as well.
         r = torch.from_numpy(rows).to(self.device)
         for name, t in new_state(self.optimizer, 1, self.dim, self.device).items():
@@ -154,6 +157,8 @@ class TableGroup:
         """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D] (``accesses`` unused)."""
         self.step += 1
         apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
+        if self._changes is not None:
+            self._note(*self._row_pairs(rows.cpu().numpy()))
 
     def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
@@ -170,6 +175,8 @@ class TableGroup:
     def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
         """The backward of a pooled batch and the optimizer step in one pass (see :meth:`fused_reduce_update`)."""
         self.step += 1
+        if self._changes is not None:
+            self._note(*self._row_pairs(rows))
         cfg = self.optimizer
         threads = numba.get_num_threads()
         reduce_update_rowwise(
@@ -231,6 +238,7 @@ class TableGroup:
 
     def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).to(self.device)
+        self._note(keys, tabs)
         rec = torch.from_numpy(np.ascontiguousarray(records, dtype=np.float32)).to(self.device)
         self.weights[rows] = rec[:, : self.dim]
         col = self.dim
@@ -276,7 +284,9 @@ class TableGroup:
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert (or overwrite) the rows of one chunk of ``iter_records`` output."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
-        rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).to(self.device)
+        tabs = np.full(ids.shape[0], t, dtype=np.int32)
+        rows = self.lookup(ids, tabs, insert=True).to(self.device)
+        self._note(ids, tabs)
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)
@@ -289,3 +299,60 @@ class TableGroup:
         """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
         self.load_table_meta(t, sd)
         self.write_records(t, sd)
+
+    # ----------------------------------------------- changes (delta checkpoints)
+
+    # Tracking (off until ``track_changes``): rows written since the last ``mark`` (optimizer
+    # updates, insertions, overwrites) and rows deleted; tierec/embedding/changes.py.
+
+    def track_changes(self) -> None:
+        """Start noting changed and deleted rows (a no-op when already tracking)."""
+        if self._changes is None:
+            self._changes = ChangeLog()
+
+    def changed_since_mark(self) -> RowChanges:
+        """Per table: the ids changed and the ids deleted since the last :meth:`mark`."""
+        if self._changes is None:
+            raise RuntimeError("changed_since_mark() needs track_changes() first")
+        return self._changes.since_mark(len(self.tables))
+
+    def mark(self) -> None:
+        """The state as of now is published: forget the changes noted so far."""
+        if self._changes is not None:
+            self._changes.mark()
+
+    def _note(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self._changes is not None:
+            self._changes.changed(keys, tabs)
+
+    def _note_deleted(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self._changes is not None:
+            self._changes.deleted(keys, tabs)
+
+    def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, tables) of row numbers ``rows`` (what ``lookup`` returned)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.index.row_keys[rows], self.index.row_tabs[rows]
+
+    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """What :meth:`records` takes for known ``(table, id)`` pairs (-1: unknown); moves nothing."""
+        return self.index.lookup(keys, tabs, insert=False).rows
+
+    def records_by_ids(self, t: int, ids: np.ndarray) -> dict[str, Tensor]:
+        """Row records (as :meth:`iter_records` yields them) of known ids of table ``t``, in their order."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = self._find(ids, np.full(ids.shape[0], t, dtype=np.int32))
+        if (rows < 0).any():
+            raise KeyError(f"table {self.tables[t].name!r} has no row of id {int(ids[rows < 0][0])}")
+        return self.records(t, rows)
+
+    def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Forget rows of (table, id) pairs; a plain group never deletes, so it holds none of them."""
+        held = self._find(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32)) >= 0
+        if held.any():
+            raise ValueError(f"a plain table group cannot delete rows (id {int(np.asarray(keys)[held][0])}); "
+                             "load this checkpoint with the store that wrote it")
+
+    def catch_up(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Bring statistics of rows a delta does not carry forward to the delta's clock (``sd``: its
+        ``table_meta``), before its meta and rows are loaded; a plain group keeps none."""

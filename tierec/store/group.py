@@ -451,8 +451,27 @@ class TieredGroup(Policies, TierState, TableGroup):
         with self._lock:
             lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
             lids = lids[lids >= 0]
+            self._note_deleted(self.index.keys[lids], self.index.tabs[lids])
             self.free_rows(lids)
             self.index.delete(lids)
+
+    def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lids = self.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
+        return self.index.keys[lids], self.index.tabs[lids]
+
+    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        with self._lock:
+            return self.index.find(keys, tabs)
+
+    def catch_up(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Decay every row's access count as the hotness passes between this group's clock and the
+        delta's did (``store.clock`` in ``sd``); rows the delta carries get their counts from it."""
+        if "store.clock" not in sd or self.spec.decay >= 1.0:
+            return
+        with self._lock:
+            interval, to = self.spec.interval, int(sd["store.clock"][1])
+            for _ in range(to // interval - self.train_steps // interval):
+                self.index.decay(self.spec.decay)
 
     def read_rows(self, lids: np.ndarray) -> np.ndarray:
         """Records [n, W] of rows ``lids`` wherever they live (no movement between tiers)."""

@@ -53,6 +53,7 @@ class Policies:
         if lids.size == 0:
             return
         self._count(counter, self.index.tabs[lids])
+        self._note_deleted(self.index.keys[lids], self.index.tabs[lids])
         self.free_rows(lids)
         self.index.delete(lids)
 

@@ -112,6 +112,7 @@ class TierState:
     def _put(self, ids: np.ndarray, tabs: np.ndarray, rec: np.ndarray, freq=None, last=None, slots=None) -> None:
         d = self.index
         n = ids.shape[0]
+        self._note(ids, tabs)
         lids = d.find(ids, tabs)
         known = np.flatnonzero(lids >= 0)
         if known.size:  # overwrite rows in place: cached copies in the cache, others re-homed

@@ -90,8 +90,9 @@ LATEST_FILE = "latest"
 FORMAT_VERSION = 2  # 2: rows in chunk files; 1: every tensor in TENSORS_FILE (still read)
 CHUNK_BYTES = 1 << 24  # bytes of row records per chunk file, about (the RAM a save or load holds for rows)
 STEP_DIR = re.compile(r"step_(\d{8,})")
+DELTA_DIR = re.compile(r"delta_(\d{8,})_of_(\d{8,})")  # a delta checkpoint: its step, its base's (tierec/train/delta.py)
 # Left by a crashed save and removed by the next one: only names tierec gives its own temporary entries.
-_DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)?")
+_DEBRIS = re.compile(r"\.(tmp|trash)-(step_\d{8,}|delta_\d{8,}_of_\d{8,}|latest)(-[0-9a-f]{8}|-sharded)?")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # what meta.json may list: files inside the checkpoint
 _OWN_FILES = ("meta.json", "manifest.json", "checksums.json")  # a step directory holding none is not ours
 _ROWS_FILE = re.compile(r"rows-(\d{5})-(\d{6})\.safetensors")
@@ -152,36 +153,18 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: dict[str,
         fsync_file(path)
 
 
-def begin_checkpoint(run_dir: Path, step: int, tag: str | None = None) -> Path:
-    """Create (and return) the hidden directory a checkpoint of ``step`` is written into."""
+def begin_checkpoint(run_dir: Path, step: int, tag: str | None = None, name: str | None = None) -> Path:
+    """Create (and return) the hidden directory checkpoint ``step`` (or directory ``name``) is written into."""
     run_dir.mkdir(parents=True, exist_ok=True)
     remove_debris(run_dir)
-    tmp = run_dir / f".tmp-{checkpoint_name(step)}-{tag or uuid.uuid4().hex[:8]}"
+    tmp = run_dir / f".tmp-{name or checkpoint_name(step)}-{tag or uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     return tmp
 
 
 def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, Any], world_size: int, keep: int | None) -> Path:
     """Publish ``tmp`` as checkpoint ``step``: meta.json (every file's size), rename, ``latest``, prune."""
-    files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-    record = {**meta, "step": step}
-    record["_checkpoint"] = {
-        "format": FORMAT_VERSION,
-        "world_size": world_size,
-        "files": {f: (tmp / f).stat().st_size for f in files},
-        "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size,
-    }
-    write_durably(tmp / META_FILE, json.dumps(record, indent=1))
-    write_checksums(tmp)  # last: size and sha256 of every file, verified on load (tierec/train/integrity.py)
-    fsync_dir(tmp)
-    final = run_dir / checkpoint_name(step)
-
-    # Publish with one rename (an older save of this same step is moved aside first).
-    if os.path.lexists(final):
-        with exclusive(final, wait_s=_WAIT_S):  # its readers finish first
-            os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
-    os.replace(tmp, final)
-    fsync_dir(run_dir)
+    final = publish_dir(run_dir, tmp, checkpoint_name(step), checkpoint_record(tmp, step, meta, world_size))
 
     # Only now move `latest`.
     write_atomically(run_dir / LATEST_FILE, final.name + "\n")
@@ -194,8 +177,57 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, meta: Mapping[str, An
                     if unread:  # one being read (`tierec eval` meanwhile) is pruned by a later save
                         trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
                         os.replace(old, trash)  # a half-deleted directory must never look like a checkpoint
+        prune_deltas(run_dir)
     remove_debris(run_dir)
     return final
+
+
+def checkpoint_record(tmp: Path, step: int, meta: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """What meta.json of the unpublished directory ``tmp`` holds: ``meta``, the step, every file's size."""
+    files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+    record = {**meta, "step": step}
+    record["_checkpoint"] = {
+        "format": FORMAT_VERSION,
+        "world_size": world_size,
+        "files": {f: (tmp / f).stat().st_size for f in files},
+        "tensors_bytes": (tmp / TENSORS_FILE).stat().st_size,
+    }
+    return record
+
+
+def publish_dir(run_dir: Path, tmp: Path, name: str, record: Mapping[str, Any]) -> Path:
+    """Write ``record`` as meta.json and the checksums into ``tmp``, then rename it to ``run_dir/name`` in
+    one step (an older directory of that name is moved aside first, once its readers are done)."""
+    write_durably(tmp / META_FILE, json.dumps(record, indent=1))
+    write_checksums(tmp)  # last: size and sha256 of every file, verified on load (tierec/train/integrity.py)
+    fsync_dir(tmp)
+    final = run_dir / name
+    if os.path.lexists(final):
+        with exclusive(final, wait_s=_WAIT_S):  # its readers finish first
+            os.replace(final, run_dir / f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(tmp, final)
+    fsync_dir(run_dir)
+    return final
+
+
+def delta_dirs(run_dir: Path) -> list[tuple[int, int, Path]]:
+    """(step, base step, directory) of a run's delta checkpoints, by step (links are none)."""
+    found = [
+        (int(m.group(1)), int(m.group(2)), p)
+        for p in run_dir.iterdir()
+        if (m := DELTA_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()
+    ]
+    return sorted(found)
+
+
+def prune_deltas(run_dir: Path) -> None:
+    """Move aside the deltas whose full checkpoint is gone (one being read is left to a later save)."""
+    bases = {p.name for p in step_dirs(run_dir)}
+    for _step, base, path in delta_dirs(run_dir):
+        if checkpoint_name(base) not in bases:
+            with exclusive(path, wait_s=0) as unread:
+                if unread:
+                    os.replace(path, run_dir / f".trash-{path.name}-{uuid.uuid4().hex[:8]}")
 
 
 def check_meta(step: int, keep: int | None, meta: Mapping[str, Any]) -> None:
@@ -453,7 +485,7 @@ def checkpoint_dirs(run_dir: Path | str) -> list[Path]:
 def remove_checkpoints(run_dir: Path | str) -> None:
     """Delete a run's checkpoints: tierec's own step directories, ``latest`` and debris, nothing else."""
     run_dir = Path(run_dir)
-    for old in step_dirs(run_dir):
+    for old in step_dirs(run_dir) + [p for _s, _b, p in delta_dirs(run_dir)]:
         trash = run_dir / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
         with exclusive(old, wait_s=_WAIT_S):  # its readers finish first
             os.replace(old, trash)

@@ -115,6 +115,9 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
     this process owns. The embeddings' counters are this rank's own when the
     world size is unchanged, else rank 0's.
     """
+    if "delta" in ckpt.meta:
+        raise CheckpointError(f"{ckpt.path} is a delta checkpoint (the rows changed since step {ckpt.meta['delta']['previous']}); "
+                              f"restore its full checkpoint, {ckpt.path.parent}, which applies its deltas on --resume")
     dense = _valid(ckpt.state(0))
     if ckpt.format < 2:  # every tensor in one file
         _restore_flat(parts, dense, ckpt.meta["state"])
@@ -132,6 +135,58 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
     for label, records in ckpt.rows():
         name, table = label.split("/", 1)
         colls[name].load_rows(table, _valid(records))
+
+
+def track_changes(parts: Components) -> None:
+    """Every embedding collection notes its changed and deleted rows from now on (delta checkpoints)."""
+    for _name, coll in embedding_collections(parts):
+        coll.track_changes()
+
+
+def mark_changes(parts: Components) -> None:
+    """The state as of now is published: the collections forget the changes noted so far."""
+    for _name, coll in embedding_collections(parts):
+        coll.mark_changes()
+
+
+DELETED = "deleted/"  # a delta's ids deleted since the publication before it: ``deleted/{prefix}/{table}``
+
+
+def delta_state(parts: Components, chunk_bytes: int = CHUNK_BYTES) -> tuple[dict[str, Tensor], Any, Iterator[tuple[str, dict[str, Tensor]]]]:
+    """What a delta checkpoint holds: :func:`snapshot_state`'s tensors plus the ids deleted since the last
+    publication, its skeleton, and the records of the rows changed since then (streamed like
+    :func:`row_chunks`). The collections must track changes (``track_changes``)."""
+    tensors, skeleton = snapshot_state(parts)
+    changes = [(name, coll, coll.changes()) for name, coll in embedding_collections(parts)]
+    for name, coll, ch in changes:
+        tensors.update({f"{DELETED}{name}/{table}": ids for table, ids in coll.deleted_ids(ch).items()})
+
+    def rows() -> Iterator[tuple[str, dict[str, Tensor]]]:
+        for name, coll, ch in changes:
+            for table, records in coll.changed_rows(ch, chunk_bytes):
+                yield f"{name}/{table}", records
+
+    return tensors, skeleton, rows()
+
+
+def restore_delta(parts: Components, delta: Checkpoint) -> None:
+    """Apply a delta checkpoint to the state of the publication before it (its full checkpoint or delta)."""
+    with _must_fit():
+        dense = _valid(delta.state(0))
+        _restore_dense(parts, dense, delta.meta["state"])
+        colls = dict(embedding_collections(parts))
+        own = {name: {k[len(name) + 1 :]: v for k, v in dense.items() if k.startswith(f"{name}/")} for name in colls}
+        for name, coll in colls.items():
+            coll.catch_up(own[name])
+        for label, records in delta.rows():
+            name, table = label.split("/", 1)
+            colls[name].load_rows(table, _valid(records))
+        for key, ids in dense.items():
+            if key.startswith(DELETED):
+                name, table = key[len(DELETED) :].split("/", 1)
+                colls[name].delete_rows(table, ids)
+        for name, coll in colls.items():  # last: the counters as the delta recorded them, not the I/O of loading it
+            coll.load_state_meta(own[name])
 
 
 def _job_counters(dense: dict[str, Tensor], others: list[dict[str, Tensor]], *, first: bool) -> dict[str, Tensor]:

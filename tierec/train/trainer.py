@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from tierec.config import Config, to_dict
+from tierec.errors import ConfigError
 from tierec.data import Dataset, open_dataset
 from tierec.distributed.context import DistContext
 from tierec.distributed.job import Job, quiet
@@ -47,7 +48,18 @@ from tierec.train.metrics import EvalAccumulator
 from tierec.train.pipeline import TrainPipeline
 from tierec.train.runfiles import RunFiles
 from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
-from tierec.train.state import load_shard_rows, restore_checkpoint, restore_state, row_chunks, snapshot_state
+from tierec.train.delta import apply_deltas, save_delta
+from tierec.train.state import (
+    delta_state,
+    load_shard_rows,
+    mark_changes,
+    restore_checkpoint,
+    restore_delta,
+    restore_state,
+    row_chunks,
+    snapshot_state,
+    track_changes,
+)
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tierec.train.tensorboard import TensorBoardSink
 from tierec.version import tierec_version
@@ -132,6 +144,7 @@ class Trainer:
         self.is_main = self.job.is_main  # prints progress and writes run files (rank 0 of a job)
         self.echo = echo if self.is_main else quiet
         self._validated_at = -1  # step of the latest validation
+        self._published: tuple[int, int] | None = None  # (full checkpoint, last publication): what a delta follows
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
         self._pipe: TrainPipeline | None = None
         self._data: Dataset | None = None  # the training data, opened once by the loop
@@ -178,6 +191,10 @@ class Trainer:
         pos = Position()
         if self.resume:
             pos = self._load(parts, ckpt_dir)
+        if cfg.train.delta_every:
+            if self.job.ctx.world_size > 1:
+                raise ConfigError("train.delta_every runs on 1 process for now; set it to 0 to train on several")
+            track_changes(parts)  # from here on: changes since the publication resumed from, or since the start
         total = self._total_steps(probe)
         record_every = max(1, min(50, total // 100))  # train records: every 50 steps, or 100 records over a shorter run
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
@@ -240,7 +257,9 @@ class Trainer:
                             done = True
                             (bar.write if bar is not None else self.echo)(f"step {pos.step}: stopped by its caller (on_validation)")
                     if cfg.train.checkpoint_every and pos.step % cfg.train.checkpoint_every == 0:
-                        self._save(parts, ckpt_dir, pos)
+                        self._save_full(parts, ckpt_dir, pos)
+                    elif cfg.train.delta_every and pos.step % cfg.train.delta_every == 0:
+                        self._save_delta(parts, ckpt_dir, pos)
                     if self._stop_requested():
                         self._interrupt(parts, ckpt_dir, pos, bar, log)
                     if done or pos.step >= total:
@@ -260,7 +279,7 @@ class Trainer:
         best: dict[str, Any] = {}
         if eval_split != "validation":  # (the order of before: evaluate, then save)
             result = self._eval(parts, log, pos, None, "test")
-        self._save(parts, ckpt_dir, pos)
+        self._save_full(parts, ckpt_dir, pos)
         if eval_split == "validation":
             if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
                 self._track_best(parts, self._eval(parts, log, pos, None, "validation"), pos, "validation")
@@ -311,7 +330,7 @@ class Trainer:
     def _interrupt(self, parts: Components, ckpt_dir: Path, pos: Position, bar: tqdm, log: MetricsLog) -> None:
         signum = self._stop_requested()
         bar.close()
-        self._save(parts, ckpt_dir, pos)
+        self._save_full(parts, ckpt_dir, pos)
         log.write({"kind": "interrupted", "step": pos.step, "signal": signum})
         raise Interrupted(signum, f"interrupted at step {pos.step}; checkpoint saved in {ckpt_dir}; "
                                   f"continue with `tierec train --run-dir {self.run_dir} --resume`")
@@ -405,6 +424,31 @@ class Trainer:
             save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=writers)
         self.job.checkpoint_written()
 
+    def _save_full(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
+        """A full checkpoint of the run (not checkpoints/best): the base of the deltas that follow."""
+        self._save(parts, ckpt_dir, pos)
+        if self.cfg.train.delta_every:
+            mark_changes(parts)
+            self._published = (pos.step, pos.step)
+
+    def _save_delta(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
+        """A delta checkpoint: the rows changed since the last publication (a full one when there is none yet)."""
+        if self._published is None:
+            self._save_full(parts, ckpt_dir, pos)
+            return
+        base, previous = self._published
+        tensors, skeleton, rows = delta_state(parts)
+        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+        save_delta(ckpt_dir, pos.step, base, previous, tensors, meta, rows=rows)
+        mark_changes(parts)
+        self._published = (base, pos.step)
+
+    def _restore_with_deltas(self, parts: Components, ckpt: Path) -> dict:
+        """A full checkpoint, then its chain of deltas (stopping at the first missing or damaged one)."""
+        meta = apply_deltas(ckpt, self._restore_from(parts, ckpt), lambda d: restore_delta(parts, d), self.echo)
+        self._published = (int(ckpt.name.split("_")[-1]), int(meta["step"])) if ckpt.name.startswith("step_") else None
+        return meta
+
     def _restore_from(self, parts: Components, ckpt: Path) -> dict:
         """Restore a checkpoint of any world size; each process keeps the rows it owns."""
         ctx = self.job.shard_ctx  # on a mesh: the rank's group (each replica loads every row)
@@ -418,7 +462,7 @@ class Trainer:
         if not checkpoint_dirs(ckpt_dir):
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             return Position()
-        meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_from(parts, ckpt), self.echo)
+        meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_with_deltas(parts, ckpt), self.echo)
         self.job.resumed_at(int(meta["position"]["step"]))
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import site
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,46 +35,10 @@ def test_version_flag(capsys) -> None:
     assert out == f"tierec {tierec_version()}" and re.fullmatch(r"tierec \d+\.\d+\.\d+.*", out)
 
 
-def test_the_wheel_ships_the_license_and_the_serve_extra(tmp_path: Path) -> None:
-    """Builds the wheel from a copy of this tree (no network: the installed setuptools) and reads its metadata."""
-    import shutil
-    import subprocess
-    import sys
-    import zipfile
+def _build_wheel(tmp_path: Path) -> Path:
+    """The wheel of a copy of this tree (no network: the installed setuptools); skips where pip cannot build one."""
 
     pytest.importorskip("setuptools")
-    src = tmp_path / "src"
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / name, src / name)
-    for pkg in ("tierec", "benchmarks"):
-        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(tmp_path), str(src)], capture_output=True, text=True, timeout=300)  # fmt: skip
-    if build.returncode != 0:
-        pytest.skip(f"pip cannot build a wheel here: {build.stderr.strip().splitlines()[-1:]}")
-    (wheel,) = tmp_path.glob("tierec-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert any(n.endswith("licenses/LICENSE") for n in names) and "tierec/serving/server.py" in names
-    assert "License-Expression: Apache-2.0" in meta and "Provides-Extra: serve" in meta
-
-
-def test_the_wheel_installed_in_a_fresh_venv_trains_exports_and_serves(tmp_path: Path) -> None:
-    """The built wheel in a new virtual environment (its dependencies, with the extras, are this environment's,
-    reached through a path entry that runs none of its .pth files, so the editable install here cannot leak in):
-    `tierec --version`, a small `train`, `export`, and `serve` answering /health, all from that venv's own script."""
-    import json
-    import shutil
-    import site
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    pytest.importorskip("setuptools")
-    pytest.importorskip("uvicorn")
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
@@ -78,6 +50,27 @@ def test_the_wheel_installed_in_a_fresh_venv_trains_exports_and_serves(tmp_path:
     if build.returncode != 0:
         pytest.skip(f"pip cannot build a wheel here: {build.stderr.strip().splitlines()[-1:]}")
     (wheel,) = tmp_path.glob("tierec-*.whl")
+    return wheel
+
+
+def test_the_wheel_ships_the_license_and_the_serve_extra(tmp_path: Path) -> None:
+    """Builds the wheel from a copy of this tree (no network: the installed setuptools) and reads its metadata."""
+
+    wheel = _build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert any(n.endswith("licenses/LICENSE") for n in names) and "tierec/serving/server.py" in names
+    assert "License-Expression: Apache-2.0" in meta and "Provides-Extra: serve" in meta
+
+
+def test_the_wheel_installed_in_a_fresh_venv_trains_exports_and_serves(tmp_path: Path) -> None:
+    """The built wheel in a new virtual environment (its dependencies, with the extras, are this environment's,
+    reached through a path entry that runs none of its .pth files, so the editable install here cannot leak in):
+    `tierec --version`, a small `train`, `export`, and `serve` answering /health, all from that venv's own script."""
+
+    pytest.importorskip("uvicorn")
+    wheel = _build_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"

@@ -25,6 +25,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from tierec.train.checkpoint import fsync_dir
 from tierec.serving.manifest import FORMAT_NAME, MANIFEST_FILE, ExportError
 
 
@@ -75,7 +76,7 @@ def publish_export(tmp: Path, out: Path) -> Path:
         trash = out.parent / f".trash-export-{out.name}-{uuid.uuid4().hex[:8]}"
         os.replace(out, trash)
     os.replace(tmp, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     return out
@@ -88,16 +89,3 @@ def remove_debris(out: Path) -> None:
         for p in out.parent.iterdir():
             if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -101,7 +101,17 @@ class Policies:
         self._bring_up(up, slots)
         self._count(Counter.PROMOTED, d.tabs[up])
 
-    def _rebalance_host_disk(self, most: int) -> None:
+    def place_by_hotness(self) -> None:
+        """After a checkpoint's rows were loaded (host first, then disk, in the order they came): the host tier
+        takes the hottest rows away from the fast tier by the access counts the checkpoint carried, the rest
+        go to disk, as a run that had trained there would hold them. Moves rows only (their values and the
+        run's counters stay as loaded)."""
+        if self.host is None or self.disk is None or self.host.max_rows is None:
+            return
+        with self._lock:
+            self._rebalance_host_disk(self.host.max_rows, count=False)
+
+    def _rebalance_host_disk(self, most: int, count: bool = True) -> None:
         if self.host is None or self.disk is None:
             return
         d = self.index
@@ -122,7 +132,8 @@ class Policies:
                 self.host.free(hs)
                 d.home[down] = self.disk.append(down, recs)
                 d.loc[down] = LOC_DISK
-                self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
+                if count:
+                    self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
         up = hot[: fill + n_swap]
         if up.size == 0:
             return
@@ -133,5 +144,6 @@ class Policies:
         self.host.write(hs, recs)
         d.home[up] = hs
         d.loc[up] = LOC_HOST
-        self._count(Counter.DISK_READ_ROWS, d.tabs[up])
-        self._count(Counter.PROMOTED, d.tabs[up])
+        if count:
+            self._count(Counter.DISK_READ_ROWS, d.tabs[up])
+            self._count(Counter.PROMOTED, d.tabs[up])

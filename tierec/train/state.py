@@ -135,6 +135,10 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
     for label, records in ckpt.rows():
         name, table = label.split("/", 1)
         colls[name].load_rows(table, _valid(records))
+    for coll in colls.values():  # tiered stores: the host tier takes the hottest of the rows it was handed
+        for group in coll.groups:
+            for store in group.tier_stores():
+                store.place_by_hotness()
 
 
 def track_changes(parts: Components) -> None:

@@ -739,6 +739,18 @@ def load_config(
     return from_dict(cls, merged_dict(path, overrides))
 
 
+def _refuse_ambiguous_threshold(one_file: dict[str, Any], path: Path) -> None:
+    """A file without ``format`` that says ``label_threshold = 0``: a run's config.toml written before format 2
+    meant "no threshold" by it (every label would now become 1), a new file may mean a threshold of 0."""
+    threshold = one_file.get("data", {}).get("schema", {}).get("label_threshold")
+    if "format" not in one_file and isinstance(threshold, (int, float)) and threshold == 0:
+        raise ConfigError(
+            f"{path}: data.schema.label_threshold = 0 in a config without `format`: tierec's configs before format 2 "
+            "wrote 0 for \"no threshold\" (labels 0/1); delete the key for 0/1 labels, or add `format = 2` to the file "
+            "for a threshold of 0"
+        )
+
+
 def given_keys(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None, overrides: list[str] | None = None) -> set[str]:
     """The dotted keys that the config files and overrides set (the rest are defaults)."""
     return set(flatten_dict(merged_dict(path, overrides)))
@@ -753,9 +765,11 @@ def merged_dict(path: str | Path | list[str | Path] | tuple[str | Path, ...] | N
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            data = merge_dicts(data, tomllib.loads(p.read_text()))
+            one_file = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: {e}") from None
+        _refuse_ambiguous_threshold(one_file, p)
+        data = merge_dicts(data, one_file)
     for o in overrides or []:
         apply_override(data, o)
     return data

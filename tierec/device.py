@@ -30,6 +30,14 @@ def is_host(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 
 
+def resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: a bare "cuda" is the current CUDA device ("cuda:0"), as tensors report it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def _pinned(x: Tensor) -> Tensor:
     """``x`` in page-locked memory (a copy unless it is pinned already); only where a GPU is present."""
     if x.is_pinned() or not torch.cuda.is_available():

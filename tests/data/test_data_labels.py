@@ -61,3 +61,17 @@ def test_a_run_written_before_format_2_keeps_its_meaning(tmp_path: Path) -> None
     (run / "config.toml").write_text(tomli_w.dumps(old))
     assert resume_config(run, None, []).data.schema.label_threshold == 4.0
 
+
+
+def test_an_old_config_file_with_threshold_0_is_refused_not_misread(tmp_path: Path) -> None:
+    """A run's config.toml from before format 2, passed with --config: 0 meant "no threshold" there."""
+    old = to_dict(load_config(None))
+    del old["format"]
+    old["data"]["schema"]["label_threshold"] = 0.0
+    f = tmp_path / "old.toml"
+    f.write_text(tomli_w.dumps(old))
+    with pytest.raises(ConfigError, match="label_threshold = 0 in a config without `format`"):
+        load_config(str(f))
+    (tmp_path / "new.toml").write_text("format = 2\n" + tomli_w.dumps(old))
+    assert load_config(str(tmp_path / "new.toml")).data.schema.label_threshold == 0.0
+    assert load_config(None, ["data.schema.label_threshold=0"]).data.schema.label_threshold == 0.0

@@ -50,6 +50,9 @@ def check_job_config(cfg: Config, world_size: int) -> None:
     # the device (issue 26), rather than failing in the first all-to-all.
     if device != "cpu":
         raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {cfg.train.device}")
+    if cfg.dist.backend == "nccl":
+        raise ConfigError("dist.backend = \"nccl\" needs CUDA tensors, and several processes run on the CPU for now: "
+                          "use \"auto\" or \"gloo\"")
     if cfg.prune.enabled and cfg.dist.hot_rows:
         raise ConfigError(
             "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "

@@ -129,6 +129,8 @@ class LocalJob:
         except BaseException:
             for p in procs:
                 p.kill()
+                p.wait()
+            os.close(read_fd)
             raise
         finally:
             os.close(write_fd)

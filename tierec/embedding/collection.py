@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from tierec.batch import SparseFeatures
-from tierec.device import to_device
+from tierec.device import resolve_device, to_device
 from tierec.embedding.ahead import Ahead, Prepared
 from tierec.embedding.changes import RowChanges
 from tierec.embedding.group import TableGroup
@@ -53,7 +53,7 @@ class EmbeddingCollection(nn.Module):
         pruned, ...); the default is the plain in-memory TableGroup. ``device`` is the model's:
         pooled embeddings come out there, whichever memory a storage keeps its rows in."""
         super().__init__()
-        self.device = torch.device(device)
+        self.device = resolve_device(device)  # "cuda" as "cuda:N", so outputs already there are not moved again
         self.feature_names = tuple(feature_names)
         self.tables = tables
         owner = {}

@@ -89,7 +89,11 @@ class _Table:
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, cfg: ExportConfig = ExportConfig()) -> ExportManifest:
     """Export a checkpoint to the directory ``out``: a step directory, a checkpoints/ directory (its latest),
     or a run directory (its checkpoints/best when kept, else its latest)."""
-    ckpt = Checkpoint(run_checkpoint(checkpoint))  # checksums verified
+    with Checkpoint(run_checkpoint(checkpoint)) as ckpt:  # checksums verified; held against pruning until done
+        return _export(ckpt, Path(out), cfg)
+
+
+def _export(ckpt: Checkpoint, out: Path, cfg: ExportConfig) -> ExportManifest:
     if ckpt.format < 2:
         raise ExportError(f"checkpoint {ckpt.path} has the old one-file format; resume and save it with this tierec first")
     check_no_alias(out, [ckpt.path.parent], "export --out", "checkpoints")  # never among the checkpoints

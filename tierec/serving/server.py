@@ -109,6 +109,7 @@ def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000) ->
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``; an address in use or not of this machine is a one-line ConfigError."""
+    sock = None
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without it
@@ -118,6 +119,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
         sock.listen(2048)
     except OSError as e:
+        if sock is not None:
+            sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.set_inheritable(True)
     return sock

@@ -134,12 +134,17 @@ class TrainPipeline:
 
     # ------------------------------------------------------------ lifetime
 
-    def close(self) -> None:
-        """Stop the stages still running (a loop that broke out early): the store's, the look-ahead's; and
-        wait out id exchanges that no step will use."""
+    def stop(self) -> None:
+        """Stop this process's threads (the store's stage, the look-ahead); no collective, so it is safe
+        whatever the other ranks are doing (a run that ended on an error)."""
         self.store.close()
         if self.ahead is not None:
             self.ahead.close()
+
+    def close(self) -> None:
+        """Stop the stages still running (a loop that broke out early), and wait out id exchanges that no
+        step will use (every rank calls it at the same point)."""
+        self.stop()
         for coll in self.exchange:
             coll.close()
 

@@ -99,6 +99,7 @@ def _restore_flat(parts: Components, tensors: dict[str, Tensor], skeleton: Any) 
             coll.load_state_dict(part)
         else:
             coll.load_state_meta(part)
+    _place_by_hotness(coll for _, coll in embedding_collections(parts))
 
 
 def restore_checkpoint(parts: Components, ckpt: Checkpoint, rank: int = 0, world_size: int = 1) -> None:
@@ -135,7 +136,12 @@ def _restore_chunks(parts: Components, ckpt: Checkpoint, rank: int = 0, world_si
     for label, records in ckpt.rows():
         name, table = label.split("/", 1)
         colls[name].load_rows(table, _valid(records))
-    for coll in colls.values():  # tiered stores: the host tier takes the hottest of the rows it was handed
+    _place_by_hotness(colls.values())
+
+
+def _place_by_hotness(collections) -> None:
+    """Tiered stores after a load: the host tier takes the hottest of the rows it was handed."""
+    for coll in collections:
         for group in coll.groups:
             for store in group.tier_stores():
                 store.place_by_hotness()

@@ -132,10 +132,15 @@ def load_newest_intact(ckpt_dir: Path, restore: Callable[[Path], dict], echo: Ca
 class Trainer:
     def __init__(
         self, cfg: Config, run_dir: str | Path, *, resume: bool = False, echo: Callable[[str], None] = print,
-        ctx: DistContext | None = None,
+        ctx: DistContext | None = None, on_validation: Callable[[int, float], bool] | None = None,
+        test_at_end: bool = True,
     ) -> None:
         """``ctx``: the job this process is a rank of (default: one process). The loop is the same
-        for any number of processes; what differs is applied by ``self.job`` (tierec/distributed/job.py)."""
+        for any number of processes; what differs is applied by ``self.job`` (tierec/distributed/job.py).
+
+        ``on_validation`` (a caller that watches the run, `tierec tune`): called with (step, validation AUC)
+        after every validation; True stops the run there, as an early stop does. ``test_at_end = False``
+        leaves the test split unread (a tuning trial sees validation only; its summary has no test_* keys)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.files = RunFiles(self.run_dir)  # every file written in the run directory goes through it
@@ -148,11 +153,8 @@ class Trainer:
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
         self._pipe: TrainPipeline | None = None
         self._data: Dataset | None = None  # the training data, opened once by the loop
-        # Set by a caller that watches the run (`tierec tune`): called with (step, validation AUC) after every
-        # validation; True stops the run there, as an early stop does. ``test_at_end = False`` leaves the test
-        # split unread (a tuning trial sees validation only; its summary has no test_* keys).
-        self.on_validation: Callable[[int, float], bool] | None = None
-        self.test_at_end = True
+        self.on_validation = on_validation
+        self.test_at_end = test_at_end
         self._halted = False
 
     # ------------------------------------------------------------------ fit
@@ -174,11 +176,14 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             self.files.write_text("config.toml", dump_toml(to_dict(cfg)))
+        metrics = self.files.append("metrics.jsonl") if self.is_main else None
         sink = TensorBoardSink(self.run_dir) if cfg.train.tensorboard and self.is_main else None
-        log = MetricsLog(self.files.append("metrics.jsonl") if self.is_main else None, sink=sink)
+        log = MetricsLog(metrics, sink=sink)
         try:
             return self._loop(cfg, log)
         finally:
+            if self._pipe is not None:  # a run that ended on an error: its threads stop (id exchanges: close())
+                self._pipe.stop()
             log.close()
 
     def _loop(self, cfg: Config, log: MetricsLog) -> dict[str, Any]:

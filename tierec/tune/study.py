@@ -228,9 +228,8 @@ class Tuner:
         t0 = time.perf_counter()
         with claim_run_dir(trial_dir, resume=False, overwrite=True), \
                 RunFiles(trial_dir).append("train.log") as log, contextlib.redirect_stdout(log):
-            trainer = Trainer(cfg, trial_dir, echo=lambda line: print(line, file=log))
-            trainer.on_validation = on_validation
-            trainer.test_at_end = False
+            trainer = Trainer(cfg, trial_dir, echo=lambda line: print(line, file=log), on_validation=on_validation,
+                              test_at_end=False)
             try:
                 summary = trainer.fit()
             finally:

@@ -1,0 +1,22 @@
+"""What a job of several processes refuses before any rank starts, in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tierec.config import ConfigError, load_config
+from tierec.distributed.config_check import check_job_config
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["dist.backend=nccl"], "dist.backend"),  # NCCL needs CUDA tensors; several processes run on the CPU
+    (["train.device=cuda"], "train.device"),
+    (["dist.hot_rows=64", "prune.enabled=true"], "dist.hot_rows"),
+])
+def test_refused_before_any_rank(overrides: list[str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        check_job_config(load_config(None, overrides), 2)
+
+
+def test_the_defaults_pass() -> None:
+    check_job_config(load_config(None), 2)

@@ -33,7 +33,7 @@ def test_the_trainer_fits_the_training_split_and_drops_a_constant_column(tmp_pat
     source = open_source(cfg.data, "train", 64)
     parts = Components.build(cfg, source.feature_names, source.n_dense)
     said: list[str] = []
-    fit_dense_scaling(cfg, parts.model, source.dense_names, said.append)
+    fit_dense_scaling(cfg, parts.model, source, said.append)
     price = np.array([(i * 37) % 101 / 10 for i in range(300)], dtype=np.float32)  # the first 300 rows: the training split
     scale = parts.model.dense_scale
     assert abs(float(scale.mean[0]) - price.mean()) < 1e-4 and abs(1 / float(scale.inv_std[0]) - price.std()) < 1e-4

@@ -194,8 +194,12 @@ class Trainer:
         probe = data.source("train", cfg.train.batch_size)
         parts = self._build(probe)
         pos = Position()
-        if self.resume:
-            pos = self._load(parts, ckpt_dir)
+        if self.resume and checkpoint_dirs(ckpt_dir):
+            pos = self._load(parts, ckpt_dir)  # the model's dense scaling comes with it
+        else:
+            if self.resume:
+                self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
+            fit_dense_scaling(cfg, parts.model, probe, self.echo)  # one pass over the head of the training split
         if cfg.train.delta_every:
             if self.job.ctx.world_size > 1:
                 raise ConfigError("train.delta_every runs on 1 process for now; set it to 0 to train on several")
@@ -353,7 +357,6 @@ class Trainer:
     def _build(self, probe) -> Components:
         """The components, parallelized over the job (sharded embeddings, DDP) when there are several processes."""
         parts = Components.build(self.job.process_config(), probe.feature_names, probe.n_dense)
-        fit_dense_scaling(self.cfg, parts.model, probe.dense_names, self.echo)  # a checkpoint, if resumed, brings its own
         parts = self.job.parallelize(parts)
         if self.job.layout():
             self.echo(self.job.layout())

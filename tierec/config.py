@@ -659,6 +659,22 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
         raise ConfigError(f"{where or 'config'}: {e}") from None
 
 
+def with_values(cfg: Config, values: dict[str, Any]) -> Config:
+    """``cfg`` with dotted keys set to values (validated like any config).
+
+    >>> with_values(Config(), {"train.epochs": 3}).train.epochs
+    3
+    """
+    data = to_dict(cfg)
+    for key, value in values.items():
+        *path, last = key.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return from_dict(Config, data)
+
+
 def to_dict(obj: Any) -> Any:
     """The TOML-able dict of a config (enums as their strings)."""
     if dataclasses.is_dataclass(obj):

@@ -50,7 +50,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tierec.config import Config, OptimizerKind, from_dict, to_dict
+from tierec.config import Config, OptimizerKind, with_values
 from tierec.models import model_class
 
 SMALL_ROWS = 20_000  # below: most ids are seen once or twice; a smaller model, Adam from a small init, two epochs
@@ -131,11 +131,4 @@ def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -
         chosen[key] = value
     if not chosen:
         return cfg, {}
-    data = to_dict(cfg)
-    for key, value in chosen.items():
-        *path, last = key.split(".")
-        node = data
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return from_dict(Config, data), chosen  # validated like any config
+    return with_values(cfg, chosen), chosen

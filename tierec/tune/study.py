@@ -30,7 +30,7 @@ from typing import Any
 
 from tomli_w import dumps as dump_toml
 
-from tierec.config import Config, ConfigError, from_dict, to_dict
+from tierec.config import Config, ConfigError, to_dict, with_values
 from tierec.train.evaluate import has_validation, with_validation
 from tierec.train.rundir import claim_run_dir
 from tierec.train.runfiles import RunFiles
@@ -72,18 +72,6 @@ def train_rows(cfg: Config) -> int | None:
     if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
         return cfg.data.synthetic.train_rows
     return estimate_train_rows(cfg)
-
-
-def with_values(cfg: Config, values: dict[str, Any]) -> Config:
-    """``cfg`` with dotted keys set (validated like any config)."""
-    data = to_dict(cfg)
-    for key, value in values.items():
-        *path, last = key.split(".")
-        node = data
-        for part in path:
-            node = node[part]
-        node[last] = value
-    return from_dict(Config, data)
 
 
 def validation_config(cfg: Config) -> Config:

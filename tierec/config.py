@@ -397,8 +397,13 @@ class StoreConfig:
     3.4x at dim 64; below about 12 dims it saves nothing over bf16 and is bf16), with stochastic
     rounding when a row leaves the fast tier; the fast tier
     and all arithmetic stay fp32, and the host tier's bytes count the compact records. Numbers
-    then depend on which rows were in the fast tier when, so ``prefetch`` (timed by a thread) and
-    ``prune.enabled`` are refused with it; resume from a checkpoint is exact (same store sizes).
+    then depend on which rows were in the fast tier when (always the same for one config, with or
+    without ``prefetch``), so ``prune.enabled`` is refused with it; resume from a checkpoint is
+    exact (same store sizes).
+
+    ``prefetch`` reads the disk rows of the next window of ``prefetch_depth`` batches on the disk
+    tier's read-ahead threads while the current window computes (tierec/store/pipeline.py); it
+    changes no number.
     """
 
     enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
@@ -418,8 +423,8 @@ class StoreConfig:
     sketch_depth: int = 4  # rows of the count-min sketch
     io_threads: int = 8  # concurrent disk reads
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
-    prefetch: bool = False  # pipeline: bring the next batch's rows up while this one computes
-    prefetch_depth: int = 2  # batches read ahead by the pipeline
+    prefetch: bool = False  # pipeline: read the next window's disk rows while this window computes
+    prefetch_depth: int = 2  # batches per read-ahead window
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
@@ -436,11 +441,6 @@ class StoreConfig:
             raise ConfigError("store.prefetch_depth must be >= 1")
         if self.cold_precision not in {p.value for p in ColdPrecision}:
             raise ConfigError(f"store.cold_precision {self.cold_precision!r} is not one of {[p.value for p in ColdPrecision]}")
-        if self.cold_precision != ColdPrecision.FP32 and self.prefetch:
-            raise ConfigError(
-                f"store.cold_precision = {self.cold_precision!r} needs store.prefetch = false: the prefetch thread "
-                "moves rows at times that vary from run to run, and compact rows make numbers depend on those moves"
-            )
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ConfigError(f"store.tables names a table twice: {names}")

@@ -185,8 +185,7 @@ def test_lossy_state_round_trip_resumes_exactly(tmp_path, precision: ColdPrecisi
 def test_config_errors_name_the_keys() -> None:
     with pytest.raises(ConfigError, match="store.cold_precision 'fp16' is not one of"):
         StoreConfig(cold_precision="fp16")
-    with pytest.raises(ConfigError, match="store.cold_precision.*store.prefetch"):
-        StoreConfig(cold_precision="int8", prefetch=True)
+    StoreConfig(cold_precision="int8", prefetch=True)  # reading ahead changes no number: allowed (tests/store/test_staging.py)
     from tierec.train.components import Components
 
     over = ["store.enabled=true", "store.cold_precision=bf16", "prune.enabled=true", "embedding.dim=8"]

@@ -9,7 +9,6 @@ from store_helpers import batches, by_id, collection, train
 
 from tierec.embedding import TableConfig
 from tierec.store import TieredGroup, TierSpec
-from tierec.store.hotness import PREFETCHED
 
 DIM = 4
 REC = 4 * (DIM + 1)
@@ -124,23 +123,6 @@ def test_hotness_promotes_hot_rows_after_a_restart(tmp_path) -> None:
     train(ref, batches(2, batch=32, seed=5), start=10)
     a, b = by_id(ref), by_id(fresh)
     assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_prefetch_pins_until_the_batch_and_never_blocks_a_lookup(tmp_path) -> None:
-    g = _group(tmp_path, cache_bytes=8 * REC)
-    tabs = np.zeros(8, dtype=np.int32)
-    _look(g, np.arange(8))
-    _look(g, np.arange(8, 16))  # ids 0..7 now on disk
-    assert g.prefetch(np.arange(4, dtype=np.int64), tabs[:4]) == 0  # no room beside one batch
-    _look(g, np.arange(2))  # max batch rows stays 8; brings 0, 1 back
-    g.max_batch_rows = 4
-    moved = g.prefetch(np.arange(2, 6, dtype=np.int64), tabs[:4])
-    assert moved == 4 and (g.pin == PREFETCHED).sum() == 4 + 0
-    # A lookup that needs every slot steals the prefetched ones rather than failing.
-    rows = _look(g, np.arange(100, 108))
-    assert (rows > 0).all() and (g.pin == PREFETCHED).sum() == 0
-    g.release_prefetched()
-    g.close()
 
 
 def test_stats_count_hits_misses_and_disk_bytes(tmp_path) -> None:

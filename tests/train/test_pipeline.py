@@ -11,7 +11,6 @@ import pytest
 from tierec.config import load_config
 from tierec.data import open_source
 from tierec.distributed.job import Job
-from tierec.store.hotness import PREFETCHED
 from tierec.train.components import Components
 from tierec.train.pipeline import TrainPipeline
 from tierec.train.trainer import Trainer
@@ -68,4 +67,4 @@ def test_breaking_out_stops_every_stage(tmp_path: Path) -> None:
     assert alive == []
     group = parts.embeddings.groups[0]
     assert pipe.store.pipeline_stats()["batches"] >= 3  # the store's stage did run ahead
-    assert int((group.pin == PREFETCHED).sum()) == 0  # and left nothing pinned for batches that will not come
+    assert group.staging.held_rows == 0  # and holds no record for batches that will not come

@@ -57,16 +57,17 @@ from tierec.embedding.table import TableConfig
 
 
 class Prefetching(Protocol):
-    """A storage that can bring an upcoming batch's rows into its fast tier ahead of time."""
+    """A storage that can read the rows of upcoming batches from its slow tier ahead of time."""
 
     timers: dict[str, float]
+    staging: Any  # tierec.store.staging.Staging: its ``stats``
 
-    def prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
-        """Bring the known rows of unique pairs up (never inserts or counts); returns rows moved."""
+    def stage(self, keys: np.ndarray, tabs: np.ndarray) -> int | None:
+        """Start reading ahead the slow-tier rows of unique pairs (changes no number); a token or None."""
         ...
 
-    def release_prefetched(self) -> None:
-        """Unpin rows prefetched for batches that will not come."""
+    def release_staged(self, token: int | None = None) -> None:
+        """Drop a window read ahead (every window without a token)."""
         ...
 
 

@@ -44,6 +44,8 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numba as nb
@@ -193,6 +195,7 @@ class DiskTier:
         self.drop_cache_after_io = drop_cache
         self.seg_rows = segment_rows
         self.seg_live = np.zeros(0, dtype=np.int64)  # [n_seg] live records per segment
+        self.seg_epoch = np.zeros(0, dtype=np.int64)  # [n_seg] times the segment was reused (see epochs())
         self.live = np.zeros(0, dtype=np.uint8)  # [n_seg * seg_rows / 8] bit s: slot s holds a live record
         self._free_segs: list[int] = []
         self._tail = -1  # segment being appended to
@@ -200,8 +203,12 @@ class DiskTier:
         self.live_rows = 0
         self.bytes_read = 0
         self.bytes_written = 0
+        self.requests = 0  # read requests sent to the device (a request may serve several records)
+        self.device_bytes = 0  # bytes those requests moved (aligned spans: more than the records they serve)
+        self._requests_lock = threading.Lock()
         self._extent = 0  # bytes of the file written so far: it may not be shorter
         self._pool: ThreadPoolExecutor | None = None
+        self._ahead_pool: ThreadPoolExecutor | None = None  # reads ahead (submit_read): never delay one on demand
 
     # ------------------------------------------------------------- sizes
 
@@ -213,15 +220,24 @@ class DiskTier:
         return self.n_segments * self.seg_rows * self.rec_bytes
 
     def nbytes(self) -> int:  # bytes of RAM for bookkeeping
-        return self.seg_live.nbytes + self.live.nbytes
+        return self.seg_live.nbytes + self.seg_epoch.nbytes + self.live.nbytes
+
+    def epochs(self, slots: np.ndarray) -> np.ndarray:
+        """[n] reuse count of each slot's segment. A live record's bytes never change while its segment's
+        epoch stays the same (appends only write slots past the tail), so a record read ahead is still the
+        record at that slot when (slot, epoch) still name the row's home."""
+        return self.seg_epoch[np.asarray(slots, dtype=np.int64) // self.seg_rows]
 
     # ------------------------------------------------------------ writes
 
     def _next_segment(self) -> int:
         if self._free_segs:
-            return self._free_segs.pop()
+            seg = self._free_segs.pop()
+            self.seg_epoch[seg] += 1  # its slots will hold other records now
+            return seg
         seg = self.n_segments
         self.seg_live = np.append(self.seg_live, 0)
+        self.seg_epoch = np.append(self.seg_epoch, 0)
         need = -(-(seg + 1) * self.seg_rows // 8)
         if self.live.shape[0] < need:  # grow the bitmap by doubling, not per segment
             grown = np.zeros(max(need, 2 * self.live.shape[0]), dtype=np.uint8)
@@ -302,10 +318,10 @@ class DiskTier:
         """
         full = self._read_full(slots)
         if lids is not None:
-            self._check_lids(np.asarray(slots, dtype=np.int64), full[:, 0].copy().view(np.int32), np.asarray(lids))
+            self.check_lids(np.asarray(slots, dtype=np.int64), full[:, 0].copy().view(np.int32), np.asarray(lids))
         return full[:, 1:]
 
-    def _check_lids(self, slots: np.ndarray, got: np.ndarray, lids: np.ndarray) -> None:
+    def check_lids(self, slots: np.ndarray, got: np.ndarray, lids: np.ndarray) -> None:
         bad = np.flatnonzero(got != lids.astype(np.int32))
         if bad.size:
             i = int(bad[0])
@@ -348,15 +364,41 @@ class DiskTier:
         out[order] = buf[dup]
         return out
 
+    def submit_read(self, slots: np.ndarray) -> PendingRead:
+        """Start reading the records at ``slots`` (any order, unique) on the read-ahead threads; returns at once.
+
+        The reads only fill a buffer of their own: nothing of this tier changes, so the caller decides
+        later (:meth:`epochs`) which of the records are still current.
+        """
+        slots = np.asarray(slots, dtype=np.int64)
+        order = np.argsort(slots, kind="stable")
+        srt = slots[order]
+        buf = np.empty((srt.shape[0], self.rec_floats), dtype=np.float32)
+        pending = PendingRead(self, slots, order, buf)
+        if srt.shape[0]:
+            self._check_size()
+            run_slot, run_len, run_dst = _runs(srt)
+            if self._ahead_pool is None:
+                self._ahead_pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="tierec-disk-ahead")
+            for c in self._split(run_len):
+                pending.futures.append(self._ahead_pool.submit(pending.timed, self._read_runs, run_slot[c], run_len[c], run_dst[c], buf))
+        return pending
+
     def _read_runs(self, run_slot: np.ndarray, run_len: np.ndarray, run_dst: np.ndarray, buf: np.ndarray) -> int:
         if self.dfd >= 0:
             span_lo, span_hi, span_run = _spans(run_slot, run_len, self.rec_bytes, _DIRECT_ALIGN, _DIRECT_GAP)
             scratch = np.empty(_DIRECT_CHUNK + _DIRECT_ALIGN, dtype=np.uint8)
             s_off = (-scratch.ctypes.data) % _DIRECT_ALIGN
             out_bytes = buf.reshape(-1).view(np.uint8)
+            with self._requests_lock:
+                self.requests += int(span_lo.shape[0])
+                self.device_bytes += int((span_hi - span_lo).sum())
             return _pread_spans(
                 self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes, out_bytes, scratch, s_off, _DIRECT_CHUNK
             )
+        with self._requests_lock:
+            self.requests += int(run_slot.shape[0])
+            self.device_bytes += int(run_len.sum()) * self.rec_bytes
         return _pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, self.drop_cache_after_io)
 
     def _map(self, fn, chunks: list[np.ndarray]) -> list[int]:
@@ -424,12 +466,62 @@ class DiskTier:
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._pool, self._ahead_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._ahead_pool = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
         if self.dfd >= 0:
             os.close(self.dfd)
             self.dfd = -1
+
+
+class PendingRead:
+    """Records being read ahead by :meth:`DiskTier.submit_read`; :meth:`result` waits for them.
+
+    ``read_s`` is the wall time the reads took (submit to the last byte), ``wait_s`` the part of it the
+    caller of :meth:`result` spent waiting: the rest was hidden behind whatever the caller did meanwhile.
+    """
+
+    def __init__(self, disk: DiskTier, slots: np.ndarray, order: np.ndarray, buf: np.ndarray) -> None:
+        self.disk, self.slots, self.order, self.buf = disk, slots, order, buf
+        self.futures: list = []
+        self.started = time.perf_counter()
+        self.finished = self.started
+        self.read_s = 0.0
+        self.wait_s = 0.0
+        self._out: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes + (self._out.nbytes if self._out is not None else 0)
+
+    def timed(self, fn, *args) -> int:
+        status = fn(*args)
+        self.finished = max(self.finished, time.perf_counter())  # one float store: safe across threads
+        return status
+
+    def result(self) -> np.ndarray:
+        """Records [n, 1 + W] (the lid header first) in the order the slots were given."""
+        if self._out is None:
+            t0 = time.perf_counter()
+            status = [f.result() for f in self.futures]
+            self.wait_s = time.perf_counter() - t0
+            self.read_s = self.finished - self.started
+            if status and min(status) < 0:  # short or refused (O_DIRECT): the on-demand path says why, or recovers
+                out = self.disk._read_full(self.slots)
+            else:
+                out = np.empty_like(self.buf)
+                out[self.order] = self.buf
+                self.disk.bytes_read += self.buf.nbytes
+            self._out, self.buf = out, self.buf[:0]
+        return self._out
+
+    def cancel(self) -> None:
+        """Wait out reads still running (their buffer must outlive them) and drop the records."""
+        for f in self.futures:
+            f.result()
+        self.read_s = self.finished - self.started
+        self._out, self.buf = None, self.buf[:0]

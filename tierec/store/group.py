@@ -13,10 +13,15 @@ Host and disk hold rows as ``store.cold_precision`` says (a
 encoded when it leaves the fast tier and decoded when it comes back.
 
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
-evicted until a later lookup starts (the batch's update is done by then); a
-prefetched slot carries ``PREFETCHED`` until its batch is looked up. So one
-batch is in flight at a time, every row has a single resident copy, and the
-update always lands on it: training is bitwise the same under any layout.
+evicted until a later lookup starts (the batch's update is done by then). So
+one batch is in flight at a time, every row has a single resident copy, and
+the update always lands on it: training is bitwise the same under any layout.
+
+Reading ahead (:meth:`TieredGroup.stage`): the pipeline names the rows of
+upcoming batches; those that live only on disk are read on the disk tier's
+read-ahead threads into a :class:`~tierec.store.staging.Staging` window, and
+a lookup takes a row's record from there when it is still current. Nothing
+else changes, so the numbers do not depend on it.
 
 Slot 0 is a shared row of zeros: ids not admitted yet (``admit_after``,
 ``admit_probability``) read it in training and get no update.
@@ -46,7 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tierec.device import CopyStream, copy_to
+from tierec.device import copy_to
 from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import new_state, state_shapes
 from tierec.embedding.table import TableConfig
@@ -55,8 +60,9 @@ from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.host import HostTier
-from tierec.store.hotness import PREFETCHED, CountMinSketch
+from tierec.store.hotness import CountMinSketch
 from tierec.store.policies import Policies
+from tierec.store.staging import Staging
 from tierec.store.state import TierState
 from tierec.sizes import format_size
 from tierec.store.spec import CachePolicy, Counter, TierSpec
@@ -138,8 +144,8 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
         self._lock = threading.RLock()
-        self._copies = CopyStream(self.device)  # the prefetch's copies on a GPU: a stream of their own
-        # seconds: in lookup (main thread), of which waiting for the lock (held by a prefetch), in prefetch
+        self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
+        # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
         self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
 
     # ------------------------------------------------------------ lookups
@@ -181,7 +187,7 @@ class TieredGroup(Policies, TierState, TableGroup):
                 lids[new] = d.insert(keys[new], tabs[new])
                 self._count(Counter.NEW, tabs[new])
         pos = np.flatnonzero(lids >= 0)
-        rows[pos] = self._make_resident(lids[pos], self.clock, steal=True, tabs=tabs[pos])
+        rows[pos] = self._make_resident(lids[pos], self.clock, tabs=tabs[pos])
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
             d.freq[lids[pos]] += 1.0
             d.last[lids[pos]] = self.train_steps
@@ -189,45 +195,42 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
 
-    def prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
-        """Bring the known rows of an upcoming batch up and pin them until it is looked up.
+    def stage(self, keys: np.ndarray, tabs: np.ndarray) -> int | None:
+        """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
+        needs; returns a token for :meth:`release_staged` (None when nothing had to be read).
 
-        Only moves rows (never inserts or counts accesses), so results do not
-        depend on it. Leaves room for one batch besides all prefetched rows.
-        Returns the rows brought up.
+        Only rows that live on disk and are not in the fast tier (nor staged already) are read, on the
+        disk tier's read-ahead threads; this returns at once and changes nothing but the staging area.
         """
+        if self.disk is None:
+            return None
         t0 = time.perf_counter()
         with self._lock:
             try:
-                return self._prefetch(keys, tabs)
+                d = self.index
+                lids = d.find(keys, tabs)
+                lids = lids[lids >= 0]
+                lids = lids[(d.cslot[lids] < 0) & (d.loc[lids] == LOC_DISK)]
+                lids = lids[self.staging.not_staged(lids)]
+                if self.spec.stage_bytes is not None:  # the earliest batches' rows first (keys come in batch order)
+                    room = (self.spec.stage_bytes - self.staging.nbytes()) // (4 * self.disk.rec_floats + 25)  # record, row, slot, epoch, used
+                    self.staging.stats.dropped_rows += max(lids.size - max(room, 0), 0)
+                    lids = lids[: max(room, 0)]
+                lids = np.sort(lids)
+                if lids.size == 0:
+                    return None
+                slots = d.home[lids].astype(np.int64)
+                return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots))
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
 
-    def _prefetch(self, keys: np.ndarray, tabs: np.ndarray) -> int:
-        lids = self.index.find(keys, tabs)
-        lids = lids[lids >= 0]
-        cs = self.index.cslot[lids]
-        self.pin[cs[cs >= 0]] = PREFETCHED
-        missing = lids[cs < 0]
-        if missing.size == 0:
-            return 0
-        pinned = int(np.count_nonzero(self.pin == PREFETCHED))
-        room = self.capacity - pinned - max(self.max_batch_rows, 1)
-        missing = missing[: max(room, 0)]
-        if missing.size == 0:
-            return 0
-        with self._copies.ahead():  # write-back of evicted rows and the bring-up, beside the step's kernels
-            slots = self._take_slots(missing.size, steal=False, best_effort=True)
-            missing = missing[: slots.size]
-            self._bring_up(missing, slots)
-        self.pin[slots] = PREFETCHED
-        self._count(Counter.PREFETCHED, self.index.tabs[missing])
-        return int(missing.size)
-
-    def release_prefetched(self) -> None:
-        """Unpin rows prefetched for batches that will not come (the pipeline stopped)."""
+    def release_staged(self, token: int | None = None) -> None:
+        """Drop a window of records read ahead (all of them without a token: the pipeline stopped)."""
         with self._lock:
-            self.pin[self.pin == PREFETCHED] = 0
+            if token is None:
+                self.staging.clear()
+            else:
+                self.staging.release(token)
 
     def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
         """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
@@ -263,7 +266,7 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     # ---------------------------------------------------- data movement
 
-    def _make_resident(self, lids: np.ndarray, pin: int, steal: bool, tabs: np.ndarray | None = None) -> np.ndarray:
+    def _make_resident(self, lids: np.ndarray, pin: int, tabs: np.ndarray | None = None) -> np.ndarray:
         """Slots [n] of rows ``lids`` after bringing the missing ones up; all pinned with ``pin``."""
         d = self.index
         cs = d.cslot[lids].astype(np.int64)
@@ -281,27 +284,27 @@ class TieredGroup(Policies, TierState, TableGroup):
                 f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
             )
         if miss.size:
-            slots = self._take_slots(miss.size, steal=steal)
+            slots = self._take_slots(miss.size)
             self._bring_up(lids[miss], slots)
             self.pin[slots] = pin
             cs[miss] = slots
         return cs
 
-    def _take_slots(self, n: int, steal: bool, best_effort: bool = False) -> np.ndarray:
+    def _take_slots(self, n: int, best_effort: bool = False) -> np.ndarray:
         """``n`` free slots, evicting cold unpinned rows (with write-back) when needed."""
         short = n - self._n_free_slots
         if short > 0:
             slack = max(self.capacity // 128, 1)
-            self._evict(short, short + slack, steal, best_effort)
+            self._evict(short, short + slack, best_effort)
             n = min(n, self._n_free_slots)
         top = self._n_free_slots
         slots = self._free_slots[top - n : top][::-1].astype(np.int64)
         self._n_free_slots = top - n
         return slots
 
-    def _evict(self, required: int, wanted: int, steal: bool, best_effort: bool) -> None:
+    def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
         score = self.index.resident_scores(self.spec.cache_policy is CachePolicy.LFU)
-        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, steal)
+        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score)
         if slots.size < required and not best_effort:
             pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
             raise CacheCapacityError(
@@ -381,7 +384,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.codec.decode(self.disk.read(d.home[lids[on_disk]].astype(np.int64), lids[on_disk])))
+            self._scatter(slots[on_disk], self.codec.decode(self._read_disk(lids[on_disk])))
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
@@ -391,6 +394,22 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.dirty[slots[new]] = True
         d.cslot[lids] = slots
         self.slot_lid[slots] = lids
+
+    def _read_disk(self, lids: np.ndarray) -> np.ndarray:
+        """Payloads [n, words] of rows ``lids`` from their disk homes: records read ahead where still current,
+        the rest read now."""
+        homes = self.index.home[lids].astype(np.int64)
+        found, staged = self.staging.take(lids, homes, self.disk.epochs(homes))
+        if not found.any():
+            return self.disk.read(homes, lids)
+        self.disk.check_lids(homes[found], staged[:, 0].copy().view(np.int32), lids[found])
+        out = np.empty((lids.size, self.disk.width), dtype=np.float32)
+        out[found] = staged[:, 1:]
+        rest = np.flatnonzero(~found)
+        if rest.size:
+            out[rest] = self.disk.read(homes[rest], lids[rest])
+        self._count(Counter.PREFETCHED, self.index.tabs[lids[found]])
+        return out
 
     def _columns(self) -> list[tuple[np.ndarray, int]]:
         """The fast tier's arrays as 2-D numpy views with their first column in a record (CPU only)."""
@@ -515,7 +534,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             total += self.disk.nbytes()
         if self.sketch is not None:
             total += self.sketch.nbytes()
-        return total
+        return total + self.staging.nbytes()
 
     def resident_nbytes(self) -> int:  # the tiers account for their own memory
         return self.nbytes()
@@ -548,5 +567,6 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     def close(self) -> None:
         """Close the disk tier's file (it was unlinked when opened)."""
+        self.staging.clear()
         if self.disk is not None:
             self.disk.close()

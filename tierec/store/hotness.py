@@ -26,8 +26,6 @@ import numpy as np
 from tierec.embedding.kernels import key_hash, mix64
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-# A slot pinned by a prefetch for a batch that is not yet looked up.
-PREFETCHED = np.int64(1 << 62)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -87,32 +85,28 @@ def coin(keys, tabs, seed, step, out):
 
 
 @nb.njit(cache=True, nogil=True)
-def _evictable(slot_lid, pin, clock, score_of_slot, steal, out_slots, out_scores):
+def _evictable(slot_lid, pin, clock, score_of_slot, out_slots, out_scores):
     n = 0
     for s in range(1, slot_lid.shape[0]):  # slot 0 holds the shared zero row
         lid = slot_lid[s]
         if lid < 0:
             continue
-        p = pin[s]
-        if p < clock:
-            out_scores[n] = np.float64(score_of_slot[s])
-        elif steal and p == PREFETCHED:
-            out_scores[n] = 1e300  # rows prefetched for a later batch go last
-        else:
+        if pin[s] >= clock:
             continue
+        out_scores[n] = np.float64(score_of_slot[s])
         out_slots[n] = s
         n += 1
     return n
 
 
-def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, steal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(slots, scores) of occupied slots not pinned by the batch in flight (nor by a prefetch unless ``steal``).
+def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, scores) of occupied slots not pinned by the batch in flight.
 
     ``score`` [C+1] is per fast-tier slot (the directory keeps resident rows' counts by slot).
     """
     slots = np.empty(slot_lid.shape[0], dtype=np.int64)
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
-    n = _evictable(slot_lid, pin, np.int64(clock), score, steal, slots, scores)
+    n = _evictable(slot_lid, pin, np.int64(clock), score, slots, scores)
     return slots[:n], scores[:n]
 
 

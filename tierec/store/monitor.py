@@ -96,7 +96,7 @@ class StoreMonitor:
 
     def pipeline_stats(self) -> dict[str, float]:
         if self.pipeline is None:
-            return {"wait_s": 0.0, "prefetched_rows": 0}
+            return {"wait_s": 0.0, "staged_rows": 0}
         return self.pipeline.stats()
 
     def record(self) -> dict[str, Any]:

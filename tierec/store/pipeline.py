@@ -1,23 +1,22 @@
-"""StorePipeline: the store stage between the loader and the compute (ScaleFreeCTR's three stages).
+"""StorePipeline: stage 3 of the training pipeline for tiered tables: the disk reads of the next window.
 
-1. the loader thread reads and decodes batches (tierec.data.BackgroundLoader);
-2. this stage's thread takes the next batch, deduplicates its ids per table
-   group and brings the rows that are not in the fast tier up from host or
-   disk (:meth:`TieredGroup.prefetch`), pinning them;
-3. the main thread computes batch t meanwhile, then takes batch t + 1, whose
-   rows are resident.
+Batches go through in order; the stage looks ``depth`` (k) batches ahead in
+windows: when batch ``t`` (a multiple of k) is handed on, the rows of batches
+``t + k .. t + 2k - 1`` are deduplicated per tiered group and handed to the
+group's :meth:`~tierec.store.group.TieredGroup.stage`, which reads the ones
+that live only on disk on its read-ahead threads, as one set (neighbouring
+records share a read), while batches ``t .. t + k - 1`` compute. A window is
+dropped once its last batch has been looked up. The stage has no thread of
+its own: it runs on the caller's between steps, and the reads wait on the
+device beside the compute.
 
-Exact by construction: prefetching only moves rows up and never inserts,
-counts or updates; the batch in flight pins its rows, so an update always
-lands on the single resident copy and is never lost or applied twice. (A
-bounded-staleness mode is not needed: the prefetch of t + 1 never waits for
-t's update, because it only touches rows t does not use.)
+Exact by construction: reading ahead changes no number (a lookup uses a
+record read ahead only while it is still the row's record), so any ``depth``
+trains exactly as none (tests/train/test_pipeline.py, tests/store/).
 
-``wait_s`` is the time the compute waited on this stage (for the next batch,
-and for a group's lock while a prefetch held it).
+``stats()``: rows read ahead and used, the reads' wall time and the part of
+it the step waited for (``wait_s``): the rest was hidden behind compute.
 
->>> import torch
->>> from tierec.batch import SparseFeatures
 >>> from tierec.store.pipeline import StorePipeline
 >>> pipe = StorePipeline([], depth=1)  # no tiered groups: batches pass through
 >>> [b for b in pipe.run(iter([1, 2]))]
@@ -26,9 +25,8 @@ and for a group's lock while a prefetch held it).
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,14 +34,6 @@ from typing import Any
 import numpy as np
 
 from tierec.embedding.hash_index import Deduper
-
-_POLL = 0.1  # seconds between checks of the stop flag
-_DONE = object()
-
-
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
 
 
 @dataclass(frozen=True)
@@ -68,89 +58,94 @@ def targets_of(collections: list[Any]) -> list[_Target]:
 
 class StorePipeline:
     def __init__(self, collections: list[Any], depth: int = 1) -> None:
+        if depth < 1:
+            raise ValueError("the read-ahead depth must be >= 1")
         self.targets = targets_of(collections)
         self.depth = depth
-        self.wait_s = 0.0  # compute waiting for the next batch
-        self.prefetch_s = 0.0  # this stage's busy time
-        self.rows = 0  # rows brought up ahead
+        self.wait_s = 0.0  # the step waiting for the batches upstream (the loader)
+        self.stage_s = 0.0  # this stage's own time on the caller's thread (dedupe, starting the reads)
         self.batches = 0
-        self._dedupe = Deduper()  # used by this stage's thread only
+        self._dedupe = Deduper()
 
     def stats(self) -> dict[str, float]:
-        lock_wait = sum(t.group.timers["lock_wait_s"] for t in self.targets)
+        st = [t.group.staging.stats for t in self.targets]
+        read_s, wait_s = sum(s.read_s for s in st), sum(s.wait_s for s in st)
         return {
-            "wait_s": self.wait_s + lock_wait,
-            "wait_batch_s": self.wait_s,
-            "wait_lock_s": lock_wait,
-            "prefetch_s": self.prefetch_s,
-            "prefetched_rows": self.rows,
+            "wait_s": wait_s,
+            "read_ahead_s": read_s,
+            "hidden_share": 1.0 - wait_s / read_s if read_s > 0 else float("nan"),
+            "stage_s": self.stage_s,
+            "staged_rows": sum(s.staged_rows for s in st),
+            "staged_used_rows": sum(s.used_rows for s in st),
             "batches": self.batches,
+            "depth": self.depth,
         }
 
-    def prefetch(self, sparse: Any) -> int:
-        """Bring one batch's known rows up in every tiered group; returns rows moved."""
-        moved = 0
+    def stage(self, window: list[Any]) -> list[tuple[Any, int]]:
+        """Start the reads of a window of batches in every tiered group; (group, token) of each."""
+        t0 = time.perf_counter()
+        tokens = []
         for t in self.targets:
             keys, tabs = [], []
-            for f, ti in t.features:
-                if f not in sparse.keys:
-                    continue
-                lo, hi = sparse.feature_span(sparse.index(f))
-                ids = sparse.values[lo:hi].numpy()
-                keys.append(ids)
-                tabs.append(np.full(ids.shape[0], ti, dtype=np.int32))
+            for batch in window:
+                sparse = batch.sparse if hasattr(batch, "sparse") else batch
+                for f, ti in t.features:
+                    if f not in sparse.keys:
+                        continue
+                    lo, hi = sparse.feature_span(sparse.index(f))
+                    ids = sparse.values[lo:hi].numpy()
+                    keys.append(ids)
+                    tabs.append(np.full(ids.shape[0], ti, dtype=np.int32))
             if not keys:
                 continue
             k, tb, _ = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs))
-            moved += t.group.prefetch(k, tb)
-        return moved
+            token = t.group.stage(k, tb)
+            if token is not None:
+                tokens.append((t.group, token))
+        self.stage_s += time.perf_counter() - t0
+        return tokens
 
     def run(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """The batches of ``batches``, each after its rows were brought up (at most ``depth`` ahead)."""
+        """The batches of ``batches`` in order, the disk reads of the next window running behind each."""
         if not self.targets:
             yield from batches
             return
-        q: queue.Queue[Any] = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
+        k = self.depth
+        source = iter(batches)
+        ahead: deque[Any] = deque()  # batches t .. t + 2k - 1
+        windows: deque[list[tuple[Any, int]]] = deque()
 
-        def put(item: Any) -> bool:
-            while not stop.is_set():
+        def pull(n: int) -> None:
+            t0 = time.perf_counter()
+            while len(ahead) < n:
                 try:
-                    q.put(item, timeout=_POLL)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+                    ahead.append(next(source))
+                except StopIteration:
+                    break
+            self.wait_s += time.perf_counter() - t0
 
-        def produce() -> None:
-            try:
-                for batch in batches:
-                    if stop.is_set():
-                        return
-                    t0 = time.perf_counter()
-                    self.rows += self.prefetch(batch.sparse if hasattr(batch, "sparse") else batch)
-                    self.prefetch_s += time.perf_counter() - t0
-                    if not put(batch):
-                        return
-                put(_DONE)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                put(_Failed(e))
-
-        worker = threading.Thread(target=produce, name="tierec-store-prefetch", daemon=True)
-        worker.start()
         try:
+            pull(k)
+            windows.append(self.stage(list(ahead)))  # the first window: read now, waited for by its lookups
+            t = 0
             while True:
-                t0 = time.perf_counter()
-                item = q.get()
-                self.wait_s += time.perf_counter() - t0
-                if item is _DONE:
+                if t % k == 0:
+                    if t:  # the previous window's batches are all looked up
+                        self._release(windows.popleft())
+                    pull(2 * k)
+                    windows.append(self.stage(list(ahead)[k : 2 * k]))
+                if not ahead:
                     return
-                if isinstance(item, _Failed):
-                    raise item.error
+                t += 1
                 self.batches += 1
-                yield item
+                yield ahead.popleft()
         finally:
-            stop.set()
-            worker.join()
+            for w in windows:
+                self._release(w)
             for t in self.targets:
-                t.group.release_prefetched()
+                t.group.release_staged()
+
+    @staticmethod
+    def _release(window: list[tuple[Any, int]]) -> None:
+        for group, token in window:
+            group.release_staged(token)

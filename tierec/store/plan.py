@@ -38,6 +38,7 @@ from tierec.store.spec import TierSpec
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
+STAGE_SHARE = 8  # store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows)
 
 
 @dataclass(kw_only=True)
@@ -120,14 +121,21 @@ class StorePlan:
         given_cache = cache is not None or budget is None
         if cache is None:
             cache = budget // 4 if budget is not None else DEFAULT_CACHE
+        disk = (o.disk_path if o is not None and o.disk_path else cfg.disk_path) or ""
+        stage = None  # bytes of disk records read ahead (store.prefetch): part of the budget
         if budget is not None:
             if cache > budget:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
+            if cfg.prefetch and disk:
+                stage = budget // STAGE_SHARE if host is None else budget - cache - host
             if host is None:
-                host = budget - cache
+                host = budget - cache - (stage or 0)
             elif cache + host > budget:
                 raise ConfigError(f"{where}: cache_size + host_size ({cache + host} B) exceed memory_budget ({budget} B)")
-        disk = (o.disk_path if o is not None and o.disk_path else cfg.disk_path) or ""
+            if stage is not None and stage < budget // (4 * STAGE_SHARE):
+                raise ConfigError(f"{where}: store.prefetch reads rows ahead into memory that counts in memory_budget, but "
+                                  f"cache_size + host_size leave {format_size(stage)} of {format_size(budget)}: "
+                                  f"leave at least {format_size(budget // (4 * STAGE_SHARE))} (an eighth is the default)")
         if host == 0 and not disk:
             raise ConfigError(f"{where}: host_size is 0 and there is no disk_path: rows would have nowhere to go")
 
@@ -153,6 +161,7 @@ class StorePlan:
             drop_page_cache=cfg.drop_page_cache,
             cache_key=f"{where}.cache_size" + ("" if given_cache else f" (a quarter of {where}.memory_budget unless set)"),
             cold_precision=cfg.cold_precision,
+            stage_bytes=None if stage is None else int(stage * share),
         )
 
 

@@ -90,13 +90,13 @@ class Policies:
         n = min(self._n_free_slots, hot.size)
         rest = hot[n:]
         if rest.size:
-            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True), False)
+            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True))
             cold = np.sort(scores[hotness.lowest(scores, rest.size)])
             k = min(rest.size, cold.size)
             n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix
         if n == 0:
             return
-        slots = self._take_slots(n, steal=False, best_effort=True)
+        slots = self._take_slots(n, best_effort=True)
         up = hot[: slots.size]
         self._bring_up(up, slots)
         self._count(Counter.PROMOTED, d.tabs[up])

@@ -33,7 +33,7 @@ class Counter(enum.IntEnum):
     MISSES = 1  # ... brought up from host or disk on demand
     NEW = 2  # ... inserted (admitted) by the lookup
     REJECTED = 3  # ... not admitted yet: read the shared zero row
-    PREFETCHED = 4  # rows brought up ahead by the pipeline
+    PREFETCHED = 4  # rows from disk whose records were read ahead (TieredGroup.stage)
     EVICTED = 5  # rows moved out of the fast tier
     DELETED_TTL = 6  # rows deleted after ttl_steps without use
     DELETED_LFU = 7  # rows deleted as least used over max_rows
@@ -64,6 +64,7 @@ class TierSpec:
     disk_segment_rows: int = 1 << 16  # records per disk segment (the unit of compaction)
     cache_key: str = "store.cache_size"  # the setting cache_bytes comes from, as messages name it
     cold_precision: ColdPrecision = ColdPrecision.FP32  # rows in host and disk: fp32 | bf16 | int8 (store/codec.py)
+    stage_bytes: int | None = None  # records read ahead (TieredGroup.stage) held at once; None = unbounded
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))

@@ -157,7 +157,7 @@ def _dense_bytes(cfg: Config, feature_names: list[str], n_dense: int) -> int:
 def _batch_bytes(cfg: Config, feature_names: list[str], n_dense: int) -> int:
     b, f = cfg.train.batch_size, len(feature_names)
     dim = max(t.dim for t in tables_from_config(cfg.embedding, feature_names))
-    ahead = cfg.data.prefetch_batches + (cfg.store.prefetch_depth if cfg.store.prefetch else 0) + 1
+    ahead = cfg.data.prefetch_batches + (2 * cfg.store.prefetch_depth if cfg.store.prefetch else 0) + 1  # two windows
     return BATCH_COPIES * b * f * dim * 4 + ahead * b * (f + n_dense + 1) * 8
 
 

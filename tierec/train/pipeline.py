@@ -7,10 +7,10 @@ For batch ``t`` the stages are:
 2. **dedupe and index probe** of batch ``t + 1`` (plain storage with
    ``train.look_ahead``): a thread of its own, started once batch ``t``'s
    embedding forward has inserted its ids (:class:`~tierec.embedding.ahead.LookAhead`);
-3. **bring up** the rows of batches ``t + 1 .. t + k`` from host and disk into
-   the fast tier (tiered storage with ``store.prefetch``: the store's stage,
-   ``k = store.prefetch_depth``), or send batch ``t + 1``'s ids to their owner
-   ranks (several processes with ``dist.overlap``);
+3. **read ahead** the disk rows of the next window of ``k = store.prefetch_depth``
+   batches on the disk tier's read-ahead threads (tiered storage with
+   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), or send
+   batch ``t + 1``'s ids to their owner ranks (several processes with ``dist.overlap``);
 4. **forward, backward and fused update** of batch ``t`` on the caller's thread
    (:meth:`TrainPipeline.step`);
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.

@@ -1,0 +1,115 @@
+"""Reading ahead (TieredGroup.stage): lookups take rows read ahead only while they are the row's current record,
+and training with any read-ahead window gives the numbers of training without one, compact cold rows included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tierec.embedding.table import TableConfig
+from tierec.store.group import TieredGroup
+from tierec.store.spec import Counter, TierSpec
+
+DIM = 4
+REC = 4 * (DIM + 1)
+
+
+def _group(tmp_path, **kw) -> TieredGroup:
+    spec = TierSpec(**{"cache_bytes": 8 * REC, "host_bytes": 0, "disk_dir": str(tmp_path), **kw})
+    return TieredGroup([TableConfig(name="t", dim=DIM, features=["f"])], spec, seed=1)
+
+
+def _look(g: TieredGroup, ids) -> torch.Tensor:
+    keys = np.asarray(ids, dtype=np.int64)
+    rows = g.lookup(keys, np.zeros(keys.size, dtype=np.int32), insert=True)
+    g.update(rows, torch.full((keys.size, DIM), 0.5))  # every looked-up row changes: it is written back when evicted
+    return rows
+
+
+def _tabs(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.int32)
+
+
+def test_a_lookup_takes_rows_read_ahead_and_reads_only_the_rest(tmp_path) -> None:
+    g = _group(tmp_path)
+    _look(g, np.arange(8))
+    _look(g, np.arange(8, 16))  # ids 0..7 now live on disk only
+    requests = g.disk.requests
+    token = g.stage(np.arange(4, dtype=np.int64), _tabs(4))
+    assert token is not None and g.staging.held_rows == 4
+    _look(g, np.arange(6))  # 0..3 read ahead, 4 and 5 on demand
+    assert int(g.counters[0, Counter.PREFETCHED]) == 4 and int(g.counters[0, Counter.DISK_READ_ROWS]) == 6
+    assert g.disk.requests == requests + 2  # one request read 0..3 ahead (written together), one read 4 and 5
+    g.release_staged(token)
+    assert g.staging.held_rows == 0 and g.staging.stats.used_rows == 4
+    g.close()
+
+
+def test_a_record_read_ahead_is_not_used_once_the_row_moved(tmp_path) -> None:
+    g = _group(tmp_path)
+    _look(g, np.arange(8))
+    _look(g, np.arange(8, 16))
+    token = g.stage(np.arange(4, dtype=np.int64), _tabs(4))
+    _look(g, np.arange(4))  # 0..3 come up (taken from the window) and change
+    _look(g, np.arange(16, 24))  # and go down again: new records at new homes
+    before = g.records_of(np.arange(4, dtype=np.int64), _tabs(4))[1]
+    used = int(g.counters[0, Counter.PREFETCHED])
+    rows = g.lookup(np.arange(4, dtype=np.int64), _tabs(4), insert=True)  # the window holds old records: not taken
+    assert int(g.counters[0, Counter.PREFETCHED]) == used
+    torch.testing.assert_close(g.weights[rows], torch.from_numpy(before[:, :DIM]) + 0.0, rtol=0, atol=0)
+    g.release_staged(token)
+    g.close()
+
+
+def test_rows_not_on_disk_are_not_read_ahead(tmp_path) -> None:
+    g = _group(tmp_path)
+    _look(g, np.arange(8))
+    assert g.stage(np.arange(8, dtype=np.int64), _tabs(8)) is None  # all in the fast tier
+    assert g.stage(np.array([100, 101], dtype=np.int64), _tabs(2)) is None  # unknown ids
+    g.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_training_with_a_read_ahead_window_equals_training_without(tmp_path, precision: str, depth: int) -> None:
+    from tierec.config import load_config
+    from tierec.train.trainer import Trainer
+
+    base = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=1024", "train.progress=false",
+            "train.plots=false", "train.epochs=2", "embedding.dim=8", "store.enabled=true", "store.cache_size=192KiB", "store.host_size=64KiB",
+            f"store.cold_precision={precision}"]
+    out = {}
+    for name, extra in (("off", []), ("on", ["store.prefetch=true", f"store.prefetch_depth={depth}"])):
+        cfg = load_config(None, base + extra + [f"store.disk_path={tmp_path / name / 'disk'}"])
+        out[name] = Trainer(cfg, tmp_path / name, echo=lambda _: None).fit()
+    a, b = out["off"], out["on"]
+    assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
+    assert b["store"]["disk_read_rows"] > 0 and b["store"]["pipeline"]["staged_rows"] > 0  # rows came from disk, some read ahead
+
+
+def test_the_windows_stay_within_their_share_of_the_budget(tmp_path) -> None:
+    rec = 4 * (DIM + 2) + 25  # a disk record with its lid header, plus row, slot, epoch and flag
+    g = _group(tmp_path, stage_bytes=3 * rec)
+    _look(g, np.arange(8))
+    _look(g, np.arange(8, 16))
+    g.stage(np.arange(6, dtype=np.int64), _tabs(6))
+    assert g.staging.held_rows == 3 and g.staging.nbytes() <= 3 * rec  # the earliest three, not more
+    assert g.staging.stats.dropped_rows == 3
+    g.close()
+
+
+def test_the_budget_makes_room_for_the_windows() -> None:
+    from tierec.config import ConfigError, load_config
+    from tierec.store.plan import StorePlan
+
+    def spec(*over: str):
+        cfg = load_config(None, ["store.enabled=true", "store.memory_budget=64MiB", "store.disk_path=/tmp", *over])
+        tables = [TableConfig(name="t", dim=DIM, features=["f"])]
+        return StorePlan(cfg.store, [tables]).spec_for(tables)
+
+    plain, ahead = spec(), spec("store.prefetch=true")
+    assert plain.stage_bytes is None and plain.host_bytes == 48 << 20
+    assert ahead.stage_bytes == 8 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20
+    with pytest.raises(ConfigError, match="store.prefetch reads rows ahead"):
+        spec("store.prefetch=true", "store.host_size=48MiB")

@@ -1,0 +1,126 @@
+"""Staging: disk records of upcoming batches, read ahead while the step computes.
+
+The training pipeline names the rows a window of upcoming batches will need
+(:meth:`TieredGroup.stage`); the group asks its disk tier to read those of
+them that live only on disk, as one deduplicated set on the read-ahead
+threads, and files the pending read here under a token. When a lookup later
+brings a row up from disk, it first takes the row's record from a staged
+window, and reads only the rest on demand.
+
+A staged record is used only while it is still the row's record: the row's
+home is the same disk slot, and that slot's segment was not reused since
+(:meth:`DiskTier.epochs`); a row that came up and went down again meanwhile
+has a new home and is read afresh. Staging never moves, pins, inserts or
+counts a row, so every number of a run is the same with it or without it,
+whatever the timing of the reads (tests/store/test_staging.py).
+
+>>> import numpy as np
+>>> s = Staging()
+>>> s.held_rows, s.nbytes()
+(0, 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tierec.store.disk import PendingRead
+
+
+@dataclass
+class _Window:
+    lids: np.ndarray  # [n] sorted row ids
+    slots: np.ndarray  # [n] their disk slots when staged
+    epochs: np.ndarray  # [n] the slots' segment epochs when staged
+    read: PendingRead  # records in the order of ``lids``
+    used: np.ndarray = field(default=None)  # [n] bool: taken by a lookup
+
+
+@dataclass
+class StagingStats:
+    staged_rows: int = 0  # rows read ahead
+    used_rows: int = 0  # of which a lookup took
+    dropped_rows: int = 0  # rows not read ahead: the window held all that store.memory_budget leaves it
+    read_s: float = 0.0  # wall time of the reads ahead
+    wait_s: float = 0.0  # of which lookups waited for (not hidden)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"staged_rows": self.staged_rows, "staged_used_rows": self.used_rows,
+                "staged_dropped_rows": self.dropped_rows, "staged_read_s": self.read_s, "staged_wait_s": self.wait_s}
+
+
+class Staging:
+    def __init__(self) -> None:
+        self._windows: dict[int, _Window] = {}
+        self._next = 0
+        self.stats = StagingStats()
+
+    @property
+    def held_rows(self) -> int:
+        return sum(w.lids.size for w in self._windows.values())
+
+    def nbytes(self) -> int:
+        """Bytes held: per row its record (with the lid header), three int64 (row, slot, epoch) and a flag."""
+        return sum(w.read.nbytes + w.lids.nbytes * 3 + w.used.nbytes for w in self._windows.values())
+
+    def not_staged(self, lids: np.ndarray) -> np.ndarray:
+        """[n] bool: rows no window holds yet."""
+        out = np.ones(lids.size, dtype=bool)
+        for w in self._windows.values():
+            out &= ~_member(w.lids, lids)[0]
+        return out
+
+    def add(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead) -> int:
+        """File a pending read of rows ``lids`` (sorted) at ``slots``; returns the window's token."""
+        token = self._next
+        self._next += 1
+        self._windows[token] = _Window(lids, slots, epochs, read, np.zeros(lids.size, dtype=bool))
+        self.stats.staged_rows += int(lids.size)
+        return token
+
+    def take(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n] bool, records [found, 1 + W]) of rows ``lids`` whose home is ``slots`` with ``epochs``
+        now, from the windows whose copy is still current (the newest window first)."""
+        found = np.zeros(lids.size, dtype=bool)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for w in reversed(list(self._windows.values())):
+            todo = np.flatnonzero(~found)
+            if todo.size == 0:
+                break
+            hit, pos = _member(w.lids, lids[todo])
+            hit &= (w.slots[pos] == slots[todo]) & (w.epochs[pos] == epochs[todo])
+            if not hit.any():
+                continue
+            rec = w.read.result()
+            parts.append((todo[hit], rec[pos[hit]]))
+            found[todo[hit]] = True
+            w.used[pos[hit]] = True
+        if not parts:
+            return found, np.empty((0, 0), dtype=np.float32)
+        idx = np.concatenate([p[0] for p in parts])
+        rec = np.concatenate([p[1] for p in parts])
+        return found, rec[np.argsort(idx)]  # in the order of the found rows
+
+    def release(self, token: int) -> None:
+        """Drop a window (its batches were looked up, or will not come)."""
+        w = self._windows.pop(token, None)
+        if w is None:
+            return
+        w.read.cancel()
+        self.stats.read_s += w.read.read_s
+        self.stats.wait_s += w.read.wait_s
+        self.stats.used_rows += int(w.used.sum())
+
+    def clear(self) -> None:
+        for token in list(self._windows):
+            self.release(token)
+
+
+def _member(sorted_lids: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(in [n] bool, position [n]) of ``lids`` in a sorted array."""
+    if sorted_lids.size == 0:
+        return np.zeros(lids.size, dtype=bool), np.zeros(lids.size, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_lids, lids), sorted_lids.size - 1)
+    return sorted_lids[pos] == lids, pos

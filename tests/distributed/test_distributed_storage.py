@@ -162,8 +162,8 @@ def test_tiered_trainer_with_prefetch_and_hot_rows_on_2_and_4_matches_one_proces
         spawn(train_worker, w, (tiers(w), str(tmp_path / f"w{w}"), False))
         compare_runs(tmp_path / "one", tmp_path / f"w{w}")
         assert sorted(p.name for p in (tmp_path / f"d{w}").iterdir()) == [f"rank-{r}" for r in range(w)]
-        store = _store_summary(tmp_path / f"w{w}")["store"]  # rank 0's tiers: most rows on disk, some prefetched
-        assert store["rows_disk"] > store["rows_cache"] and store["pipeline"]["prefetched_rows"] > 0, store
+        store = _store_summary(tmp_path / f"w{w}")["store"]  # rank 0's tiers: most rows on disk, some read ahead
+        assert store["rows_disk"] > store["rows_cache"] and store["pipeline"]["staged_rows"] > 0, store
 
 
 def test_tiered_and_pruned_interrupted_at_4_resume_at_2_and_at_1(tmp_path: Path) -> None:

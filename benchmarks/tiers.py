@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from benchmarks.tiers_sim import belady, lru, next_uses
 
-WHICH = ("hitrate", "disk", "memory", "all")
+WHICH = ("hitrate", "disk", "oracle", "memory", "all")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
                    help="disk: store.cold_precision of the tiered modes (with +prefetch the thread's moves make runs vary: timing only)")
     p.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE",
                    help="disk: another store.* setting of the tiered modes (repeatable), e.g. store.promote_max=20000")
+    p.add_argument("--oracle-steps", type=int, default=400, help="oracle: batches in the trace (the first --warmup not counted)")
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -305,6 +306,43 @@ def run_disk(a: argparse.Namespace) -> dict:
     return {"workload": {k: getattr(a, k) for k in keys}, "runs": runs, "ratios": ratios}
 
 
+def _pairs(b) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's unique (key, table) pairs, as the embedding collection hands them to a tiered group."""
+    sp = b.sparse
+    lens = np.diff(sp.offsets.numpy()[:: b.size])  # ids per feature
+    packed = np.unique(sp.values.numpy().astype(np.int64) * 64 + np.repeat(np.arange(len(sp.keys), dtype=np.int64), lens))
+    return packed // 64, (packed % 64).astype(np.int32)
+
+
+def run_oracle(a: argparse.Namespace) -> dict:
+    """Disk rows per step of tierec's tiers against Belady's minimum with the same rows in memory, on one long
+    trace of the disk workload (lookups only: which rows move does not depend on the values)."""
+    disk_dir = a.disk_dir or tempfile.gettempdir()
+    w, batches = _batches(a, a.oracle_steps)
+    runner = _Runner(a, "disk", w, disk_dir)
+    g = runner.monitor.groups[0]
+    pairs = [_pairs(b) for b in batches]
+    from tierec.store.spec import Counter
+
+    for i, (k, t) in enumerate(pairs):
+        if i == a.warmup:
+            start = int(g.counters[:, Counter.DISK_READ_ROWS].sum())
+        g.lookup(k, t, insert=True)
+    steps = len(pairs) - a.warmup
+    ours = (int(g.counters[:, Counter.DISK_READ_ROWS].sum()) - start) / steps
+    rows = g.capacity + ((g.host.max_rows or 0) if g.host is not None else 0)
+    runner.close()
+    keyed = [k * 64 + t for k, t in pairs]
+    uniq, ids = np.unique(np.concatenate(keyed), return_inverse=True)
+    ids = ids.astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum([x.size for x in keyed])]).astype(np.int64)
+    timed = int(ptr[-1] - ptr[a.warmup])
+    hits = belady(ptr, ids, next_uses(ptr, ids, uniq.size), rows, uniq.size, a.warmup, prefilled=True)
+    best = (timed - hits) / steps
+    return {"steps": steps, "warmup": a.warmup, "rows_in_memory": rows, "cold_precision": a.cold_precision,
+            "tierec_disk_rows_per_step": ours, "belady_disk_rows_per_step": best, "over_belady": ours / max(best, 1e-9)}
+
+
 def run_memory(a: argparse.Namespace) -> dict:
     env = {**os.environ}
     args = ["--budget", "64MiB", "--table-x", "4", "--dim", "32", "--batch-rows", "20000", "--json"]
@@ -339,6 +377,11 @@ def _print(res: dict) -> None:
             )
         for k, v in d["ratios"].items():
             print(f"- {k}: {v:.2f}")
+    if "oracle" in res:
+        o = res["oracle"]
+        print(f"\n### Disk rows per step against the offline optimum ({o['steps']} steps after {o['warmup']}, "
+              f"{o['rows_in_memory']:,} rows in memory, {o['cold_precision']} cold rows)\n")
+        print(f"tierec {o['tierec_disk_rows_per_step']:,.0f}, Belady {o['belady_disk_rows_per_step']:,.0f}: {o['over_belady']:.2f}x")
     if "memory" in res:
         m = res["memory"]
         print(f"\n### Resident memory: {json.dumps(m)}")
@@ -356,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         res["hitrate"] = run_hitrate(a)
     if a.which in ("disk", "all"):
         res["disk"] = run_disk(a)
+    if a.which in ("oracle", "all"):
+        res["oracle"] = run_oracle(a)
     if a.which in ("memory", "all"):
         res["memory"] = run_memory(a)
     res["loadavg_end"] = os.getloadavg()

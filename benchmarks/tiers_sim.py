@@ -77,8 +77,10 @@ def _pop(hk, hv, n):
 
 
 @nb.njit(cache=True)
-def _simulate(ptr, ids, keys, capacity, n_ids):
-    """Hits of a demand-fill cache evicting the resident id with the largest key (lazy max-heap)."""
+def _simulate(ptr, ids, keys, capacity, n_ids, from_batch=0, prefilled=False):
+    """Hits (in batches from ``from_batch`` on) of a demand-fill cache evicting the resident id with the largest key (lazy max-heap).
+
+    ``prefilled``: the cache starts full of the rows first needed (a first access while it has room is a hit)."""
     resident = np.zeros(n_ids, dtype=np.bool_)
     key = np.full(n_ids, -1, dtype=np.int64)
     stamp = np.full(n_ids, -1, dtype=np.int64)
@@ -96,7 +98,7 @@ def _simulate(ptr, ids, keys, capacity, n_ids):
         for i in range(lo, hi):
             x = ids[i]
             if resident[x]:
-                hits += 1
+                hits += b >= from_batch
                 key[x] = keys[i]
                 n = _push(hk, hv, n, keys[i], x)
         nd = 0
@@ -104,6 +106,8 @@ def _simulate(ptr, ids, keys, capacity, n_ids):
             x = ids[i]
             if resident[x]:
                 continue
+            if prefilled and size < capacity:
+                hits += b >= from_batch  # it was there from the start
             while size >= capacity:
                 k, v = hk[0], hv[0]
                 n = _pop(hk, hv, n)
@@ -130,9 +134,11 @@ def _simulate(ptr, ids, keys, capacity, n_ids):
     return hits
 
 
-def belady(ptr: np.ndarray, ids: np.ndarray, nxt: np.ndarray, capacity: int, n_ids: int) -> int:
-    """Hits of the offline optimum: evict the farthest next use."""
-    return int(_simulate(ptr.astype(np.int64), ids.astype(np.int64), nxt, capacity, n_ids))
+def belady(ptr: np.ndarray, ids: np.ndarray, nxt: np.ndarray, capacity: int, n_ids: int, from_batch: int = 0,
+           prefilled: bool = False) -> int:
+    """Hits of the offline optimum: evict the farthest next use (counted from batch ``from_batch`` on;
+    ``prefilled``: the cache starts holding the first rows needed)."""
+    return int(_simulate(ptr.astype(np.int64), ids.astype(np.int64), nxt, capacity, n_ids, from_batch, prefilled))
 
 
 def lru(ptr: np.ndarray, ids: np.ndarray, capacity: int, n_ids: int) -> int:

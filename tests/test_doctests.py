@@ -31,7 +31,8 @@ SERVING = [
 
 DISTRIBUTED = ["tierec.distributed.backends", "tierec.distributed.layout", "tierec.distributed.reducers",
                "tierec.distributed.group_shard", "tierec.distributed.sharded", "tierec.distributed.hot",
-               "tierec.distributed.hierarchical", "tierec.distributed.job", "tierec.distributed.exchange"]
+               "tierec.distributed.hierarchical", "tierec.distributed.job", "tierec.distributed.exchange",
+               "tierec.distributed.row_copy"]
 
 
 @pytest.mark.parametrize("name", DATA + EMBEDDING + STORE + CORE + SERVING + DISTRIBUTED)

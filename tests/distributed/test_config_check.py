@@ -11,7 +11,6 @@ from tierec.distributed.config_check import check_job_config
 @pytest.mark.parametrize("overrides, says", [
     (["dist.backend=nccl"], "dist.backend"),  # NCCL needs CUDA tensors; several processes run on the CPU
     (["train.device=cuda"], "train.device"),
-    (["dist.hot_rows=64", "prune.enabled=true"], "dist.hot_rows"),
 ])
 def test_refused_before_any_rank(overrides: list[str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -20,3 +19,8 @@ def test_refused_before_any_rank(overrides: list[str], says: str) -> None:
 
 def test_the_defaults_pass() -> None:
     check_job_config(load_config(None), 2)
+
+
+def test_hot_rows_with_pruning_pass() -> None:  # a replica keeps each row's own dims (test_hot_pruned.py)
+    check_job_config(load_config(None, ["dist.hot_rows=64", "prune.enabled=true"]), 2)
+    check_job_config(load_config(None, ["dist.hot_rows=64", "prune.enabled=true", "dist.group_size=2"]), 4)

@@ -3,7 +3,7 @@
 ``check_job_config`` refuses, before any process starts (``tierec train --nproc N``
 calls it in the launcher) and again on every rank, what a job of W processes
 cannot run: a ``dist.group_size`` that does not divide W, a device other than
-the CPU, ``dist.hot_rows`` with ``prune.enabled``; one line naming the keys.
+the CPU, ``dist.backend = "nccl"``; one line naming the keys.
 
 Each rank hashes its resolved config (``RANK_SPECIFIC`` keys aside); the hashes
 are all-gathered, and on a mismatch the configs themselves, so that every rank
@@ -53,11 +53,6 @@ def check_job_config(cfg: Config, world_size: int) -> None:
     if cfg.dist.backend == "nccl":
         raise ConfigError("dist.backend = \"nccl\" needs CUDA tensors, and several processes run on the CPU for now: "
                           "use \"auto\" or \"gloo\"")
-    if cfg.prune.enabled and cfg.dist.hot_rows:
-        raise ConfigError(
-            "dist.hot_rows replicates whole rows, but with prune.enabled rows are chunks of their own dims: "
-            "set dist.hot_rows = 0 (or prune.enabled = false)"
-        )
 
 
 def config_hash(cfg: Config) -> str:

@@ -219,7 +219,7 @@ class GroupShard:
         rows, summed = served.owner_rows, summed[:, :d].contiguous()  # [U_o, D]
         rows, summed, acc = self.reduce(served.owner_keys, served.owner_tabs, rows, summed, acc)
         self.owner.update(rows.to(self.owner.device), summed.to(self.owner.device), accesses=acc)
-        self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)))
+        self.hot.backward(req.hot_rows, grad.index_select(0, torch.from_numpy(req.hot_pos)), accesses[req.hot_pos])
         self.steps += 1
         if self.counts_steps:  # one step per collection, not per group
             self.traffic.steps += 1

@@ -22,7 +22,8 @@ job: today's run, untouched). It applies the layout:
 - ``wrap_dense``: ``gradients``: DDP over the job with the hierarchical
   communication hook; ``average``: DDP inside the group and a ``DenseAverager``
   across groups;
-- ``apply``: both on a run's components (``parallelize`` calls it);
+- ``parallelize.parallelize`` builds a run's components from both (and gives
+  the pruner the group's collectives);
 - ``after_step``: ``average`` syncs rows and dense parameters every
   ``dist.sync_every`` steps; ``sync_now`` before evaluations and checkpoints;
 - ``resumed_at`` after a checkpoint is loaded (checkpoints hold one replica:
@@ -39,8 +40,6 @@ True
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -100,13 +99,6 @@ class Hierarchical:
         coll = ShardedEmbeddingCollection(local, self.layout.group, self.cfg, reducer=self.reducer, hot=self.hot)
         self.collections.append(coll)
         return coll
-
-    def apply(self, parts: Any) -> None:
-        """Shard ``parts``' embedding collections over the rank's group and wrap its dense model (in place)."""
-        parts.embeddings = self.shard_collection(parts.embeddings)
-        if parts.wide is not None:
-            parts.wide = self.shard_collection(parts.wide)
-        parts.ddp = self.wrap_dense(parts.model)
 
     def wrap_dense(self, model: nn.Module) -> DistributedDataParallel:
         c = codec(self.cfg.compress)

@@ -18,12 +18,25 @@ handover is exact:
 
 - a row that becomes hot takes its owner's current weights and optimizer
   state (the owners' contributions are summed into one buffer, zeros elsewhere);
+  a row its owner does not have (a pruned row forgotten at dim 0) stays cold,
+  so that it is inserted as one process would, when a batch next asks for it;
 - a row that stops being hot is written back by its owner from its own replica
   copy, which is identical everywhere, so no message is needed;
 - while a row is hot, its owner's copy is stale and never read; ``flush_to_owner``
-  writes the replica back before a checkpoint, and ``reload`` reads the owners'
-  copies back into the replica after they changed (the cross-group averaging
-  of ``dist.cross_group = "average"``, which works on the owners' storage).
+  writes the replica back before a checkpoint or a pruning step, and ``reload``
+  reads the owners' copies back into the replica after they changed (the
+  cross-group averaging of ``dist.cross_group = "average"``, a pruning step),
+  dropping the rows the owners no longer have.
+
+The replica has the owner's row layout (``RowStorage.empty_in_memory``): whole
+rows, or a pruned row's chunks with its own dims. Rows move whole
+(``row_copy.RowCopy``: the record, dims included, and for pruned rows the
+importance the pruner scores them by), so a pruning step on the owners
+(``ShardedEmbeddingCollection.rows_at_owners``) sees every hot row as it is,
+and its replicas take the owners' decision on every rank alike. The gradient
+all-reduce carries the accesses of each row too when the storage counts them
+(a pruned row's importance is access frequency times gradient magnitude), and
+then updates only the rows some rank touched, as one process does.
 
 >>> import numpy as np
 >>> from tierec.distributed.hot import WindowCounter
@@ -49,9 +62,12 @@ from torch import Tensor
 from tierec.config import DistConfig, OptimizerKind
 from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Traffic
-from tierec.embedding.group import TableGroup
+from tierec.distributed.row_copy import RowCopy
 from tierec.embedding.hash_index import Deduper, HashIndex
 from tierec.embedding.storage import RowStorage
+
+# (keys [U], tables [U], replica) of hot rows about to change, ``replica`` the storage holding them as they are
+HotUpdateHook = Callable[[np.ndarray, np.ndarray, RowStorage], None]
 
 
 class WindowCounter:
@@ -114,7 +130,7 @@ class HotPolicy:
     def enabled(self) -> bool:
         return self.cfg.hot_rows > 0
 
-    def replica(self, owner: RowStorage, traffic: Traffic, before_update: Callable | None = None) -> HotReplica:
+    def replica(self, owner: RowStorage, traffic: Traffic, before_update: HotUpdateHook | None = None) -> HotReplica:
         """The (empty) hot replica of one table group whose rows this rank owns in ``owner``."""
         return HotReplica(owner, self, traffic, before_update)
 
@@ -122,12 +138,13 @@ class HotPolicy:
 class HotReplica:
     """The hot rows of one table group, replicated on every rank; rows numbered 0..H-1."""
 
-    def __init__(self, owner: RowStorage, policy: HotPolicy, traffic: Traffic, before_update: Callable | None = None,
-                 ) -> None:
-        """``before_update(keys, tabs, read)``: called with the replica rows an update is about to change,
-        ``read(keys, tabs)`` giving their records as they are (``average`` mode anchors the rows this rank
+    def __init__(self, owner: RowStorage, policy: HotPolicy, traffic: Traffic,
+                 before_update: HotUpdateHook | None = None) -> None:
+        """``before_update(keys, tabs, replica)``: called with the replica rows an update is about to change,
+        ``replica`` the storage that holds them as they are (``average`` mode anchors the rows this rank
         owns: reducers.ReplicaAverage); None when nothing needs to know."""
-        self.owner = owner  # this rank's shard of the group (the rows it owns): any storage of whole rows
+        self.owner = owner  # this rank's shard of the group (the rows it owns): any storage
+        self.copy = RowCopy.of(owner)  # how a row moves between the owner and the replica
         self.policy = policy
         self.scope = policy.scope  # the ranks that elect and sum the hot set
         self.cfg = policy.cfg
@@ -140,11 +157,11 @@ class HotReplica:
         self.counter = WindowCounter()
         self.moves = {"joined": 0, "left": 0}  # rows handed over so far, job-wide (the same on every rank)
 
-    def _empty(self) -> TableGroup:  # the replica: whole rows in memory, in the owner's record layout
-        g = TableGroup(self.owner.tables, seed=self.owner.seed, device=self.owner.device)
+    def _empty(self) -> RowStorage:  # the replica: the owner's row layout, in memory
+        g = self.owner.empty_in_memory()
         g.step = self.owner.step
-        if self.enabled and g.record_width != self.owner.record_width:
-            raise ValueError("hot-row replication needs a storage of whole rows (not pruned chunks)")
+        if self.enabled and RowCopy.of(g) != self.copy:
+            raise ValueError("a hot replica must hold the owner's row records (RowStorage.empty_in_memory)")
         return g
 
     @property
@@ -163,25 +180,26 @@ class HotReplica:
 
     # ------------------------------------------------------------- training
 
-    def backward(self, rows: np.ndarray, grad: Tensor) -> None:
+    def backward(self, rows: np.ndarray, grad: Tensor, accesses: np.ndarray | None = None) -> None:
         """Sum the hot rows' gradients over the job and apply one identical update everywhere.
 
-        rows [U_h] replica rows touched by this rank's batch; grad [U_h, D].
-        A row touched by any rank is updated (with its summed gradient), as the
-        single process updates every row its batch touched. When a zero gradient
-        leaves a row unchanged (SGD and Adagrad variants without weight decay),
-        every hot row is updated and no touch column is sent.
+        rows [U_h] replica rows touched by this rank's batch; grad [U_h, D]; accesses [U_h]: the ids of
+        the batch each served (used when the storage counts them). A row touched by any rank is updated
+        (with its summed gradient and accesses), as the single process updates every row its batch
+        touched. When a zero gradient leaves a row unchanged (SGD and Adagrad variants without weight
+        decay) and the storage counts no accesses, every hot row is updated and no touch column is sent.
         """
         h, d = self.size, self.group.dim
         if h == 0:
             self.group.step = self.owner.step
             return
-        flag = self._zero_grad_moves_rows()
-        buf = torch.zeros(h, d + flag)  # [H, D (+ 1)]: gradient, then a touch count
+        counted = self.group.counts_accesses  # the column is each row's accesses, summed over the job
+        flag = counted or self._zero_grad_moves_rows()
+        buf = torch.zeros(h, d + flag)  # [H, D (+ 1)]: gradient, then a touch count (or the accesses)
         r = torch.from_numpy(rows)
         buf[r, :d] = grad
         if flag:
-            buf[r, d] = 1.0
+            buf[r, d] = torch.from_numpy(np.asarray(accesses, dtype=np.float32)) if accesses is not None else 1.0
         if self.scope.is_distributed:
             t0 = time.perf_counter()
             dist.all_reduce(buf, group=self.scope.sparse_group)
@@ -190,7 +208,9 @@ class HotReplica:
         if flag:
             touched = torch.nonzero(buf[:, d] > 0).squeeze(1)
             self._before_update(touched)
-            self.group.update(touched, buf.index_select(0, touched)[:, :d].contiguous())
+            summed = buf.index_select(0, touched)
+            acc = summed[:, d].numpy().copy() if counted else None
+            self.group.update(touched, summed[:, :d].contiguous(), accesses=acc)
         else:
             if self.before_update is not None:  # a zero gradient leaves a row as it is: the others change
                 self._before_update(torch.nonzero(buf.abs().sum(1) > 0).squeeze(1))
@@ -199,7 +219,7 @@ class HotReplica:
     def _before_update(self, rows: Tensor) -> None:
         if self.before_update is not None and rows.numel():
             r = rows.numpy()
-            self.before_update(self.keys[r], self.tabs[r], self.group.records_of)
+            self.before_update(self.keys[r], self.tabs[r], self.group)
 
     def _zero_grad_moves_rows(self) -> bool:
         """Whether a zero gradient still changes a row (Adam's moments, weight decay, 0/0 at eps 0)."""
@@ -257,8 +277,7 @@ class HotReplica:
         return uk[order], ut[order]
 
     def _handover(self, keys: np.ndarray, tabs: np.ndarray, owner_of) -> None:
-        owner = self.owner
-        width = owner.record_width
+        copy = self.copy
         old_rows = self.find(keys, tabs)  # [H'] row in the old replica, -1 = joining
         # 1. rows leaving the hot set go back to their owner, from the (identical) replica
         if self.size:
@@ -272,32 +291,36 @@ class HotReplica:
         # 2. rows joining it take their owner's weights and state: each owner sends its
         #    joining rows (in hot-set order) to everyone; every rank knows who owns what.
         joining = np.flatnonzero(old_rows < 0)
+        buf = self._gather_from_owners(keys[joining], tabs[joining], owner_of)  # [J, width + 1]
+        # 3. the new replica: rows 0..H'-1 in hot-set order; a row no owner has stays cold (every rank sees it)
+        absent = joining[buf[:, copy.width].numpy() == 0]
+        if absent.size:
+            hot = np.ones(keys.shape[0], dtype=bool)
+            hot[absent] = False
+            keys, tabs, old_rows, buf = keys[hot], tabs[hot], old_rows[hot], buf[torch.from_numpy(hot[joining])]
+            joining = np.flatnonzero(old_rows < 0)
         self.moves["joined"] += int(joining.size)
-        buf = self._gather_from_owners(keys[joining], tabs[joining], owner_of, width)  # [J, D + S + 1]
-        # 3. the new replica: rows 0..H'-1 in hot-set order (new rows start from the deterministic init)
         group = self._empty()
         group.lookup(keys, tabs, insert=True)  # rows 0..H'-1
         staying = np.flatnonzero(old_rows >= 0)
         if staying.size:
-            group.put_records(keys[staying], tabs[staying], self.group.records_of(keys[staying], tabs[staying])[1])
-        present = np.flatnonzero(buf[:, width].numpy() > 0)  # the owner had the row
-        if present.size:
-            j = joining[present]
-            group.put_records(keys[j], tabs[j], buf[torch.from_numpy(present), :width].numpy())
+            copy.write(group, keys[staying], tabs[staying], copy.read(self.group, keys[staying], tabs[staying])[1])
+        if joining.size:
+            copy.write(group, keys[joining], tabs[joining], buf[:, : copy.width].numpy())
         self.group, self.keys, self.tabs = group, keys.copy(), tabs.astype(np.int32)
 
-    def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of, width: int) -> Tensor:
-        """Rows [J, width + 1] (weights, state, 1 if the owner had the row) of (keys, tabs), on every rank."""
-        ctx, owner = self.scope, self.owner
+    def _gather_from_owners(self, keys: np.ndarray, tabs: np.ndarray, owner_of) -> Tensor:
+        """Rows [J, width + 1] (``RowCopy`` rows, then 1 if the owner had the row) of (keys, tabs), on every rank."""
+        ctx, owner, width = self.scope, self.owner, self.copy.width
         who = owner_of(keys, tabs) if keys.size else np.empty(0, dtype=np.int32)
         per_rank = np.bincount(who, minlength=ctx.world_size)  # rows each owner sends
         m = int(per_rank.max()) if keys.size else 0
         mine = np.flatnonzero(who == self.policy.owner_rank)
         send = torch.zeros(m, width + 1)
-        found, records = owner.records_of(keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
+        found, rows = self.copy.read(owner, keys[mine], tabs[mine])  # wherever they live: no lookup, no statistics
         have = np.flatnonzero(found)
         if have.size:
-            send[torch.from_numpy(have), :width] = torch.from_numpy(records[have])
+            send[torch.from_numpy(have), :width] = torch.from_numpy(rows[have])
             send[torch.from_numpy(have), width] = 1.0
         if not ctx.is_distributed or m == 0:
             every = send.unsqueeze(0)  # [1, m, width + 1]
@@ -314,7 +337,7 @@ class HotReplica:
         return out
 
     def flush_to_owner(self, owner_of) -> None:
-        """Write the hot rows this rank owns into its shard (before reading the shard's state)."""
+        """Write the hot rows this rank owns into its shard (before reading the shard's state, or pruning it)."""
         if self.size == 0:
             return
         mine = np.flatnonzero(owner_of(self.keys, self.tabs) == self.policy.owner_rank)
@@ -325,20 +348,29 @@ class HotReplica:
         """Read every hot row again from its owner (a collective), keeping the hot set and its row numbers.
 
         After the owners' copies changed under the replica (``average`` mode: flushed, then averaged
-        across groups), so that the replica holds the owners' rows again.
+        across groups; a pruning step: flushed, then pruned), so that the replica holds the owners' rows
+        again, with their dims. Rows the owners no longer have (a pruned row forgotten at dim 0) leave the
+        hot set, on every rank alike: the next batch that asks for one inserts it at its owner.
         """
         if self.size == 0:
             return
         t0 = time.perf_counter()
-        buf = self._gather_from_owners(self.keys, self.tabs, owner_of, self.owner.record_width)
-        present = np.flatnonzero(buf[:, -1].numpy() > 0)
-        if present.size:
-            self.group.put_records(self.keys[present], self.tabs[present], buf[torch.from_numpy(present), :-1].numpy())
+        buf = self._gather_from_owners(self.keys, self.tabs, owner_of)
+        present = buf[:, -1].numpy() > 0
+        if not present.all():
+            self.moves["left"] += int((~present).sum())
+            keys, tabs = self.keys[present], self.tabs[present]
+            self.group, self.keys, self.tabs = self._empty(), keys, tabs
+            self.group.lookup(keys, tabs, insert=True)  # rows 0..H'-1, in the same order as before
+            self.version += 1  # an id split under the old row numbers is stale
+            buf = buf[torch.from_numpy(present)]
+        if self.size:
+            self.copy.write(self.group, self.keys, self.tabs, buf[:, :-1].numpy())
         self.traffic.add("refresh", 0, time.perf_counter() - t0)
 
     def _write_back(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        """The replica's records of (keys, tabs) into the owner's storage, wherever it keeps them."""
-        self.owner.put_records(keys, tabs, self.group.records_of(keys, tabs)[1])
+        """The replica's rows of (keys, tabs) into the owner's storage, wherever it keeps them."""
+        self.copy.write(self.owner, keys, tabs, self.copy.read(self.group, keys, tabs)[1])
 
     def clear(self) -> None:
         """Forget the hot set (after loading a checkpoint, whose rows are all with their owners)."""

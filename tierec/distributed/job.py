@@ -75,8 +75,9 @@ class Job:
         return for_process(self.cfg, self.ctx)
 
     def parallelize(self, parts: Any) -> Any:
+        """The components the job trains: ``parts`` itself on one process, new ones made from them on several."""
         if self.distributed:
-            self.mesh = parallelize(parts, self.parallel, self.cfg)
+            parts, self.mesh = parallelize(parts, self.parallel, self.cfg)
             self._meter = ByteMeter(parts, self.parallel, self.mesh)
         self._parts = parts
         return parts

@@ -7,11 +7,14 @@ what differs is applied to its components here, the way torchtitan's
 - :func:`for_process`: the config one process builds its components from: with
   tiered tables, its own directory under ``store.disk_path`` (``rank-<r>``);
   ``store.memory_budget`` is per process (each process builds its own store);
-- :func:`parallelize`: every embedding collection becomes a
-  ``ShardedEmbeddingCollection`` over its (empty) storages, whatever they are
-  (plain, tiered, pruned, both); the dense model is wrapped in
-  DistributedDataParallel; the pruner gets the job's collectives, so the budget
-  (``prune.memory_budget`` / ``prune.target_ratio``) and the threshold are job-wide.
+- :func:`parallelize`: new components from a run's (which are left as they
+  are): every embedding collection becomes a ``ShardedEmbeddingCollection``
+  over its (empty) storages, whatever they are (plain, tiered, pruned, both);
+  the dense model is wrapped in DistributedDataParallel; the pruner is made
+  with the job's collectives, so the budget (``prune.memory_budget`` /
+  ``prune.target_ratio``) and the threshold are job-wide, and with the sharded
+  collection, whose hot rows (``dist.hot_rows``) it brings to their owners for
+  each step and whose replicas then take its decision (their own dims).
   With ``dist.group_size`` making several groups (Hierarchical Training), the
   same happens on the rank's group of a 2-D mesh, plus the cross-group
   synchronisation (``hierarchical.Hierarchical``, returned);
@@ -34,11 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import Config, ConfigError
@@ -91,27 +95,34 @@ class JobSums:
         return float(t)
 
 
-def parallelize(parts: Any, layout: Layout, cfg: Config) -> Hierarchical | None:
-    """Shard ``parts``' embedding collections over ``layout``'s job, wrap its dense model in DDP (in place).
+def parallelize(parts: Any, layout: Layout, cfg: Config) -> tuple[Any, Hierarchical | None]:
+    """``parts`` (a ``Components``, left as it is) made a job's: new components whose embedding collections
+    are sharded over ``layout``'s job, whose dense model is wrapped in DDP, and whose pruner prunes this
+    rank's shard with the job's collectives (hot rows brought to their owners for each step).
 
     On a mesh of several groups (``dist.group_size``) the collections are sharded over the rank's
-    group and the groups synchronised; returns that ``Hierarchical`` (None for a flat job).
+    group and the groups synchronised; returns that ``Hierarchical`` too (None for a flat job).
     """
     ctx = layout.job
     check_job(cfg, ctx)
-    if not layout.is_flat:
+    if not layout.is_flat:  # each group prunes its replica, as a job of its own
         mesh = Hierarchical(layout=layout, cfg=cfg.dist)
-        mesh.apply(parts)
-        if parts.pruner is not None:
-            parts.pruner.job = JobSums(layout.group)  # each group prunes its replica, as a job of its own
-        return mesh
-    parts.embeddings = ShardedEmbeddingCollection(parts.embeddings, ctx, cfg.dist)
-    if parts.wide is not None:
-        parts.wide = ShardedEmbeddingCollection(parts.wide, ctx, cfg.dist)
-    parts.ddp = DistributedDataParallel(parts.model, process_group=ctx.dense_group, forward_sync_buffers=False)
-    if parts.pruner is not None:
-        parts.pruner.job = JobSums(ctx)  # it keeps the shard's collection: its groups are this rank's rows
-    return None
+        return _made_parallel(parts, mesh.shard_collection, mesh.wrap_dense, JobSums(layout.group)), mesh
+
+    def ddp(model: nn.Module) -> nn.Module:
+        return DistributedDataParallel(model, process_group=ctx.dense_group, forward_sync_buffers=False)
+
+    return _made_parallel(parts, lambda coll: ShardedEmbeddingCollection(coll, ctx, cfg.dist), ddp, JobSums(ctx)), None
+
+
+def _made_parallel(parts: Any, shard: Callable[[Any], ShardedEmbeddingCollection], wrap: Callable[[nn.Module], nn.Module],
+                   sums: JobSums) -> Any:
+    """New components from ``parts``: each embedding collection through ``shard``, the dense model through
+    ``wrap``, and the pruner of this rank's shard (the local embeddings) over ``sums``, around the sharded hot rows."""
+    emb = shard(parts.embeddings)
+    wide = shard(parts.wide) if parts.wide is not None else None
+    pruner = parts.pruner.for_job(sums, [emb]) if parts.pruner is not None else None
+    return dataclasses.replace(parts, embeddings=emb, wide=wide, ddp=wrap(parts.model), pruner=pruner)
 
 
 def sharded_collections(parts: Any) -> list[ShardedEmbeddingCollection]:

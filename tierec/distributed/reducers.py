@@ -33,7 +33,7 @@ of its group sent, right before the fused optimizer step. Three reducers:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch.distributed as dist
@@ -41,11 +41,9 @@ from torch import Tensor
 
 from tierec.distributed.codecs import Codec
 from tierec.distributed.exchange import Ownership, Traffic
+from tierec.distributed.hot import HotUpdateHook
 from tierec.distributed.row_sync import RowAverager, RowGradientSync
 from tierec.embedding.storage import RowStorage
-
-# (keys [U], tables [U], read) of hot replica rows about to change; read(keys, tabs) -> (found, records)
-HotUpdateHook = Callable[[np.ndarray, np.ndarray, Callable], None]
 
 
 class RowReduce(Protocol):
@@ -98,10 +96,10 @@ class _AnchorOwned:
     averager: RowAverager
     owners: Ownership
 
-    def __call__(self, keys: np.ndarray, tabs: np.ndarray, read: Callable) -> None:
+    def __call__(self, keys: np.ndarray, tabs: np.ndarray, replica: RowStorage) -> None:
         mine = np.flatnonzero(self.owners.owns(keys, tabs))
         if mine.size:
-            self.averager.touch(keys[mine], tabs[mine], read)
+            self.averager.touch(keys[mine], tabs[mine], replica)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,6 @@ on (table, id) and the group size.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -130,36 +128,37 @@ class RowAverager:
         self._together = 1  # the most distinct rows the owner updated in one step so far
         self.forget()
 
-    def records(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor:  # [U] -> [U, width]
-        return torch.from_numpy(self.owner.records_of(keys, tabs)[1])
+    def records(self, keys: np.ndarray, tabs: np.ndarray, source: RowStorage | None = None) -> Tensor:  # [U, width]
+        return torch.from_numpy((source or self.owner).records_of(keys, tabs)[1])
 
     def write(self, keys: np.ndarray, tabs: np.ndarray, rec: Tensor) -> None:
         self.owner.put_records(keys, tabs, rec.numpy())
 
-    def scores(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor:  # [U] -> [U, imp_width]
+    def scores(self, keys: np.ndarray, tabs: np.ndarray, source: RowStorage | None = None) -> Tensor:  # [U, imp_width]
         if self.importance is None:
             return torch.zeros(keys.shape[0], 0)
-        return torch.from_numpy(self.importance.importance_of(keys, tabs)[1])
+        scored = self.importance if source is None else source.pruning()
+        return torch.from_numpy(scored.importance_of(keys, tabs)[1])
 
     @property
     def touched(self) -> int:
         return self._seen.num_rows
 
-    def touch(self, keys: np.ndarray, tabs: np.ndarray, read: Callable | None = None) -> None:
+    def touch(self, keys: np.ndarray, tabs: np.ndarray, source: RowStorage | None = None) -> None:
         """Call with distinct (``tabs``, ``keys``) pairs before their rows are updated: keeps the anchors of new ones.
 
-        ``read(keys, tabs)`` -> (found, records): where the rows' current records are (default the
-        owner's storage; a hot row's are in the hot replica, its owner's copy being stale).
+        ``source``: the storage that holds the rows as they are, records and importance (default the
+        owner's; a hot row's are in the hot replica, of the owner's row layout, its owner's copy being stale).
         """
-        if read is None:  # the owner updates these rows together: that many fit in its fast tier at once
+        if source is None:  # the owner updates these rows together: that many fit in its fast tier at once
             self._together = max(self._together, int(keys.shape[0]))
         new = self._seen.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).new
         if new.size:
             k, t = keys[new].copy(), tabs[new].astype(np.int32)
             self._keys.append(k)
             self._tabs.append(t)
-            self._anchors.append(self.records(k, t) if read is None else torch.from_numpy(read(k, t)[1]))
-            self._imp_anchors.append(self.scores(k, t))
+            self._anchors.append(self.records(k, t, source))
+            self._imp_anchors.append(self.scores(k, t, source))
 
     def _insert(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """Insert the unknown rows of (keys, tabs) with their initial values, a step's worth of rows at a time

@@ -44,6 +44,8 @@ torch.Size([2, 1, 4])
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,6 +262,15 @@ class ShardedEmbeddingCollection(nn.Module):
         """Read every hot replica back from the owners' storage (a collective, after the owners' rows changed)."""
         for shard in self.shards:
             shard.reload_hot()
+
+    @contextmanager
+    def rows_at_owners(self) -> Iterator[None]:
+        """Within: every row's current values are in its owner's storage (hot rows flushed, with their
+        importance when pruned), for a pruning step; after: every rank's hot replicas read the owners'
+        rows back, with the dims the step chose (a collective; not after an error, which ends the job)."""
+        self.flush_hot()
+        yield
+        self.reload_hot()
 
     # ------------------------------------------------------------- reports
 

@@ -218,6 +218,10 @@ class TableGroup:
     def pruning(self) -> None:  # whole rows: nothing to prune
         return None
 
+    def empty_in_memory(self) -> TableGroup:
+        """An empty storage of the same tables, seed and device in memory (a hot-row replica); tiered groups too."""
+        return TableGroup(self.tables, seed=self.seed, device=self.device)
+
     def close(self) -> None:
         pass
 

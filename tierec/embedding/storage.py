@@ -26,7 +26,8 @@ checkpoints) uses only these methods:
   count them);
 - ``records_of`` / ``put_records``: whole row records (weights and optimizer
   state, ``record_width`` floats) by ``(table, id)``, wherever they live, for
-  moves between tiers and ranks (hot-row replication);
+  moves between tiers and ranks (hot-row replication); ``empty_in_memory()``:
+  an empty storage of the same row layout in memory (a hot-row replica);
 - ``iter_records`` / ``write_records`` (and ``table_meta`` / ``load_table_meta``):
   a table's rows as named tensors, streamed in bounded chunks (checkpoints);
   ``table_state`` / ``load_table_state``: the whole table at once;
@@ -179,6 +180,10 @@ class RowStorage(Protocol):
     def prefetcher(self) -> Prefetching | None: ...
 
     def pruning(self) -> ChunkImportance | None: ...
+
+    def empty_in_memory(self) -> RowStorage:
+        """An empty storage of the same tables, seed, device and row layout, in memory (a hot-row replica)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -76,6 +76,7 @@ class PrunedGroup:
             raise NotImplementedError("pruned tables run on the CPU only (the chunk kernels are numba)")
         if self.dim % cfg.chunk:
             raise ConfigError(f"embedding dim {self.dim} is not a multiple of prune.chunk={cfg.chunk}")
+        self.cfg = cfg
         self.chunk = cfg.chunk
         self.n_pos = self.dim // cfg.chunk  # chunk positions per row
         self.kernels = kernels.hot_kernels(cfg.chunk)  # forward and optimizers, specialised to the chunk size
@@ -455,6 +456,11 @@ class PrunedGroup:
 
     def pruning(self) -> PrunedGroup:
         return self
+
+    def empty_in_memory(self) -> PrunedGroup:
+        """An empty group of the same tables, pruning config, seed and device, its chunks in memory (a hot-row
+        replica: rows with their own dims)."""
+        return PrunedGroup(self.tables, self.cfg, seed=self.seed, device=self.device)
 
     # ------------------------------------------------------------------- state
 

@@ -26,7 +26,11 @@ budget, so the bytes really fall.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from typing import Protocol
+
 import numpy as np
 import torch
 
@@ -54,6 +58,15 @@ def check_chunk_dim(tables: list[TableConfig], cfg: PruneConfig) -> None:
         raise ConfigError(f"tables {names} have dim {dim}, not a multiple of prune.chunk={cfg.chunk}")
 
 
+class Replicated(Protocol):
+    """A collection whose rows may also live elsewhere (hot-row replicas on every rank of a job)."""
+
+    def rows_at_owners(self) -> AbstractContextManager[None]:
+        """Within: the storages the pruner works on hold every row's current values and importance;
+        on leaving, the other copies take the step's decision (a collective)."""
+        ...
+
+
 @dataclass(frozen=True)
 class PruneStep:
     """What one pruning step did."""
@@ -66,15 +79,23 @@ class PruneStep:
 
 
 class Pruner:
-    def __init__(self, collection: EmbeddingCollection, cfg: PruneConfig, job: JobReduce | None = None) -> None:
+    def __init__(self, collection: EmbeddingCollection, cfg: PruneConfig, job: JobReduce | None = None,
+                 replicated: Sequence[Replicated] = ()) -> None:
         """``job``: with several processes each holding a shard of the rows, the budget, the
-        threshold and the table means of the shrinkage are job-wide (see :meth:`step`)."""
+        threshold and the table means of the shrinkage are job-wide (see :meth:`step`).
+        ``replicated``: what else holds rows of ``collection`` (the sharded collection over it, whose
+        hot rows are replicated on every rank): each step runs within their ``rows_at_owners()``."""
         self.collection = collection
         self.groups = [p for p in (g.pruning() for g in collection.groups) if p is not None]
         self.cfg = cfg
         self.job: JobReduce = job or OneProcess()
+        self.replicated = tuple(replicated)
         self.compactions = 0
         self.last: PruneStep | None = None
+
+    def for_job(self, job: JobReduce, replicated: Sequence[Replicated] = ()) -> Pruner:
+        """A pruner of the same collection and config whose steps are collectives of ``job``."""
+        return Pruner(self.collection, self.cfg, job, replicated)
 
     def _total(self, value: float) -> int:  # an integer summed over the job
         return int(self.job.sum(np.array([value], dtype=np.int64))[0])
@@ -101,7 +122,15 @@ class Pruner:
         Each process scores its own rows (with job-wide table means); one radix descent over
         all-reduced histograms (:func:`tierec.prune.select.select_spread`) finds the positions
         one process would keep over all rows, and each process applies it to its own rows.
+        Replicated rows are brought to their owners first and take the decision after.
         """
+        with ExitStack() as stack:
+            for r in self.replicated:
+                stack.enter_context(r.rows_at_owners())
+            self.last = self._step()
+        return self.last
+
+    def _step(self) -> PruneStep:
         cfg, job = self.cfg, self.job
         target = self.target_bytes()
         # per-row state is paid by every row kept; with eviction only rows keeping a chunk are kept
@@ -128,10 +157,9 @@ class Pruner:
         for g in self.groups:
             self.compactions += g.maybe_compact(over, cfg.compact_free_fraction)
         pruned, regrown = (int(x) for x in job.sum(np.array([pruned, regrown], dtype=np.int64)))
-        self.last = PruneStep(
+        return PruneStep(
             threshold=tau, pruned=pruned, regrown=regrown, value_bytes=self.allocated_value_bytes(), target_bytes=target
         )
-        return self.last
 
     # --------------------------------------------------------------- reports
 

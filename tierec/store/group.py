@@ -145,6 +145,8 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.max_batch_rows = 0  # most unique rows one training lookup needed
         self._lock = threading.RLock()
         self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
+        self._cold_host: np.ndarray | None = None  # host rows ranked coldest first (Policies._demote_colder)
+        self._cold_pos = 0
         # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
         self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
 
@@ -343,6 +345,8 @@ class TieredGroup(Policies, TierState, TableGroup):
         old_slots = d.home[lids][old_disk].astype(np.int64)
         n_host = 0
         if self.host is not None:
+            if self.disk is not None and self.host.free_rows is not None and self.host.free_rows < lids.size:
+                self._demote_colder(lids, lids.size - self.host.free_rows)
             free = self.host.free_rows
             n_host = lids.size if free is None else min(free, lids.size)
             if n_host < lids.size:  # hottest rows to host

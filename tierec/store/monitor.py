@@ -40,6 +40,7 @@ _SUMMED = (
     "disk_write_rows",
     "host_read_rows",
     "host_write_rows",
+    "demoted",
     "rows_cache",
     "rows_host",
     "rows_disk",

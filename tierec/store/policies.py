@@ -47,7 +47,48 @@ class Policies:
             lids, slots = self.disk.compact()
             d.home[lids] = slots
             self.disk.drop_page_cache()
+        self._cold_host = None  # the counts moved on: the next demotion ranks the host rows again
         release_free_memory()
+
+    # -------------------------------------------------- host rows making room
+
+    def _demote_colder(self, incoming: np.ndarray, need: int) -> None:
+        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``) by moving host rows
+        that are colder than they are to disk, the coldest first. Without it a host tier filled once (by
+        a load, or early in a run) keeps rows that are never used again while hotter rows go to disk."""
+        d = self.index
+        cand = self._cold_candidates(need)
+        if cand.size == 0:
+            return
+        hot = np.sort(d.freq[incoming])[::-1][: cand.size]
+        n = int(np.count_nonzero(hot > d.freq[cand]))  # both sorted: a prefix
+        if n == 0:
+            return
+        down = cand[:n]
+        hs = d.home[down].astype(np.int64)
+        recs = self.host.read(hs)
+        self.host.free(hs)
+        d.home[down] = self.disk.append(down, recs)
+        d.loc[down] = LOC_DISK
+        self._cold_pos += n
+        self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
+        self._count(Counter.DEMOTED, d.tabs[down])
+
+    def _cold_candidates(self, need: int) -> np.ndarray:
+        """Up to ``need`` rows still homed on host away from the fast tier, coldest first, from a ranking of
+        the coldest host rows made once per hotness pass (a pass over every row)."""
+        d = self.index
+        for _ in range(2):
+            if self._cold_host is None:
+                self._cold_host = self._extreme(max(self.host.max_rows // 8, need), LOC_HOST, hottest=False)
+                self._cold_pos = 0
+            q = self._cold_host[self._cold_pos :]
+            ok = q[(d.loc[q] == LOC_HOST) & (d.cslot[q] < 0)]
+            if ok.size or self._cold_pos == 0:
+                self._cold_host, self._cold_pos = ok, 0
+                return ok[:need]
+            self._cold_host = None  # used up since the last pass: rank again
+        return np.empty(0, dtype=np.int64)
 
     def delete_rows(self, lids: np.ndarray, counter: Counter) -> None:
         if lids.size == 0:

@@ -42,6 +42,7 @@ class Counter(enum.IntEnum):
     DISK_WRITE_ROWS = 10
     HOST_READ_ROWS = 11
     HOST_WRITE_ROWS = 12
+    DEMOTED = 13  # host rows moved to disk to make room for hotter rows leaving the fast tier
 
 
 @dataclass(frozen=True, kw_only=True)

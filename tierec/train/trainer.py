@@ -228,7 +228,7 @@ class Trainer:
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
-            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
+            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle, epoch=pos.epoch)
             with closing(pipe.run(source)) as steps:
                 for step in steps:
                     t0 = time.perf_counter()

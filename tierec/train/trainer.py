@@ -383,7 +383,7 @@ class Trainer:
         if self.job.distributed:
             from tierec.distributed.evaluate import evaluate_sharded
 
-            result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split)
+            result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split, self._data)
         else:
             result = evaluate(self.cfg, parts, split, self._data)
         log.write({"kind": "eval", "split": split, "step": pos.step, **result})

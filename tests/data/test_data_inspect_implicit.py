@@ -29,7 +29,8 @@ def _log(path: Path, header: str = "customer_id,ProductId,plays,daytime,price_cl
 def test_a_log_gets_negatives_for_its_user_and_item_and_trains(tmp_path: Path, capsys) -> None:
     path = _log(tmp_path / "purchases.csv")
     report = inspect_file(path)
-    assert (report.user_column, report.item_column, report.item_features) == ("customer_id", "ProductId", ["price_class"])
+    n = report.negatives
+    assert n is not None and (n.user, n.item, n.item_features) == ("customer_id", "ProductId", ("price_class",))
     roles = {c.name: c.role for c in report.columns}
     assert roles == {"customer_id": "categorical", "ProductId": "categorical", "plays": "count", "daytime": "categorical",
                      "price_class": "categorical"}
@@ -52,8 +53,8 @@ def test_headerless_logs_take_the_first_two_id_columns(tmp_path: Path) -> None:
     path = tmp_path / "plays.tsv"
     path.write_text("".join(f"{rng.integers(1, 400)}\t{rng.integers(1, 3000)}\n" for _ in range(1500)))
     report = inspect_file(path)
-    assert not report.header and (report.user_column, report.item_column) == ("c0", "c1")
-    assert "no header" in report.negatives_reason
+    assert not report.header and report.negatives is not None and (report.negatives.user, report.negatives.item) == ("c0", "c1")
+    assert "no header" in report.negatives.reason
 
 
 def test_a_label_or_no_user_and_item_keeps_the_label_proposal(tmp_path: Path) -> None:
@@ -61,20 +62,21 @@ def test_a_label_or_no_user_and_item_keeps_the_label_proposal(tmp_path: Path) ->
     rng = np.random.default_rng(6)
     rated.write_text("user,item,rating\n" + "".join(f"u{rng.integers(0, 50)},i{rng.integers(0, 80)},{rng.integers(1, 6)}\n" for _ in range(500)))
     report = inspect_file(rated)
-    assert not report.user_column and [c.name for c in report.column("label")] == ["rating"]
+    assert report.negatives is None and [c.name for c in report.column("label")] == ["rating"]
     counts = tmp_path / "counts.csv"
     counts.write_text("page,referrer,visits\n" + "".join(f"p{rng.integers(0, 50)},r{rng.integers(0, 9)},{rng.integers(1, 30)}\n" for _ in range(500)))
     report = inspect_file(counts)
-    assert not report.user_column and [c.name for c in report.column("label")] == ["visits"]  # as before: a count label
+    assert report.negatives is None and [c.name for c in report.column("label")] == ["visits"]  # as before: a count label
 
 
 @pytest.mark.skipif(not (SHARED / "frappe" / "frappe.csv").exists(), reason="../shared/data/frappe is absent")
 def test_frappe_and_lastfm_layouts(tmp_path: Path) -> None:
     frappe = inspect_file(SHARED / "frappe" / "frappe.csv")
-    assert (frappe.user_column, frappe.item_column, frappe.item_features) == ("user", "item", ["cost"])
+    assert frappe.negatives is not None and (frappe.negatives.user, frappe.negatives.item, frappe.negatives.item_features) == ("user", "item", ("cost",))
     assert [c.name for c in frappe.columns if c.left_out] == ["cnt"]
     lastfm = SHARED / "lastfm-2k" / "user_artists.dat"
     if lastfm.exists():
         report = inspect_file(lastfm)
-        assert (report.user_column, report.item_column, report.grouped_by) == ("userID", "artistID", "userID")
+        n = report.negatives
+        assert n is not None and (n.user, n.item, report.grouped_by) == ("userID", "artistID", "userID")
         assert [c.role for c in report.columns] == ["categorical", "categorical", "count"]

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from tierec.data.errors import DataError
-from tierec.data.inspect_implicit import propose_negatives
+from tierec.data.inspect_implicit import NegativesProposal, propose_negatives
 from tierec.data.inspect_names import COUNT_NAMES as _COUNT_NAMES
 from tierec.data.inspect_names import joined_words as _words
 from tierec.data.sniff import Sample, number, read_sample
@@ -120,10 +120,7 @@ class InspectReport:
     truncated: bool = False  # the file has more rows than were read
     notes: list[str] = field(default_factory=list)  # about the file as a whole (encoding, order)
     grouped_by: str = ""  # a categorical column whose values come in one run each (the file is sorted by it)
-    user_column: str = ""  # no label: the user and item columns for sampled negatives (inspect_implicit.py)
-    item_column: str = ""
-    negatives_reason: str = ""  # why those two
-    item_features: list[str] = field(default_factory=list)  # columns with one value per item
+    negatives: NegativesProposal | None = None  # no label: sampled negatives for a user and an item column
 
     def column(self, role: str) -> list[ColumnReport]:
         return [c for c in self.columns if c.role == role]
@@ -308,10 +305,15 @@ def _choose_label_or_negatives(report: InspectReport, values: dict[str, list[flo
     """A label column; without a 0/1, rating or scale one, sampled negatives for a user and an item column if there are
     such, else a count column as the label."""
     _choose_label(report.columns, values, counts_too=False)
-    if not report.column("label"):
-        propose_negatives(report, cols)
-        if not report.user_column:
-            _choose_label(report.columns, values)
+    if report.column("label"):
+        return
+    report.negatives = propose_negatives(report.columns, report.header, cols)
+    if report.negatives is None:
+        _choose_label(report.columns, values)
+        return
+    for c in report.columns:
+        if c.name in report.negatives.counts:
+            c.role, c.reason = "count", report.negatives.counts[c.name]
 
 
 def _is_criteo(s: Sample) -> bool:

@@ -41,9 +41,10 @@ def describe(report: InspectReport) -> str:
     if report.malformed_rows:
         lines.append(f"{report.malformed_rows:,} rows with a different number of fields than the first (skipped here, and in training)")
     lines += [f"note: {n}" for n in report.notes]
-    if report.user_column:
-        lines.append(f"note: no label column: every row is a use; {NEGATIVES} sampled negatives per row for user {report.user_column!r}"
-                     f" and item {report.item_column!r} ({report.negatives_reason})")
+    if report.negatives is not None:
+        n = report.negatives
+        lines.append(f"note: no label column: every row is a use; {NEGATIVES} sampled negatives per row for user {n.user!r}"
+                     f" and item {n.item!r} ({n.reason})")
     lines += [f"note: {c.name}: {c.reason}" + (f"; {c.threshold_reason}" if c.threshold_reason else "")
               for c in report.columns if c.left_out or c.role == "label"]
     return "\n".join(lines)
@@ -68,24 +69,25 @@ def _split_lines(report: InspectReport) -> list[str]:
 
 
 def _negative_lines(report: InspectReport) -> list[str]:
-    if not report.user_column:
+    n = report.negatives
+    if n is None:
         return []
     out = [
         f"negatives = {NEGATIVES}  # no label column: every row is a use (label 1); each gets {NEGATIVES} rows with an item its user"
         " has not used in training (label 0), the rest of the row as it is",
-        f"user_column = {json.dumps(report.user_column)}  # {report.negatives_reason}",
-        f"item_column = {json.dumps(report.item_column)}",
+        f"user_column = {json.dumps(n.user)}  # {n.reason}",
+        f"item_column = {json.dumps(n.item)}",
         'negative_sampling = "uniform"  # over the items seen in training; "popularity": as often as they are used (harder)',
     ]
-    if report.item_features:
-        out.append(f"item_features = {_toml_list(report.item_features)}  # one value per item in the sample: a negative takes"
+    if n.item_features:
+        out.append(f"item_features = {_toml_list(list(n.item_features))}  # one value per item in the sample: a negative takes"
                    " its own item's")
     return out
 
 
 def _label_lines(report: InspectReport) -> list[str]:
     labels = report.column("label")
-    if report.user_column and not labels:
+    if report.negatives is not None and not labels:
         return ["# no label: data.negatives makes the labels (the file has no column named by label)"]
     if not labels:
         return ['label = "label"  # no 0/1, rating or count column found: name the label column']
@@ -100,7 +102,7 @@ def _column_comments(report: InspectReport) -> list[str]:
     out = ["# columns, as read from the sample:"]
     for c in report.columns:
         what = "left out: " if c.left_out else ""
-        also = "; one value per item: an item feature" if c.name in report.item_features else ""
+        also = "; one value per item: an item feature" if report.negatives and c.name in report.negatives.item_features else ""
         out.append(f"#   {c.name}: {c.role}, {what}{c.reason}{also}" + (f"; {c.threshold_reason}" if c.threshold_reason else ""))
     return out
 

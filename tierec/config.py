@@ -228,6 +228,8 @@ class DataConfig:
     def _check_negatives(self) -> None:
         if self.negatives < 0:
             raise ConfigError(f"data.negatives must be >= 0 (0 = off), got {self.negatives}")
+        if self.negative_seed < 0:
+            raise ConfigError(f"data.negative_seed must be >= 0, got {self.negative_seed}")
         if self.negative_sampling not in {"uniform", "popularity"}:
             raise ConfigError(f"data.negative_sampling {self.negative_sampling!r} is not one of uniform, popularity")
         if not self.negatives:  # (the other keys stay: --set data.negatives=0 turns sampling off alone)

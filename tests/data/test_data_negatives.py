@@ -178,6 +178,7 @@ def test_a_headerless_log_and_the_errors_that_name_their_key(tmp_path: Path) -> 
         (["data.negatives=2", 'data.user_column="u"'], "data.item_column"),
         (["data.negatives=2", 'data.user_column="u"', 'data.item_column="u"'], "data.item_column"),
         (["data.negatives=2", 'data.negative_sampling="zipf"'], "data.negative_sampling"),
+        (["data.negative_seed=-1"], "data.negative_seed"),
     ]:
         with pytest.raises(ConfigError, match=key):
             load_config(None, overrides)

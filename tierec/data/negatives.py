@@ -41,12 +41,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tierec.data.blocks import RowBlock, skip_rows
 from tierec.data.errors import DataError, ProblemReport
 from tierec.data.interactions import GOLDEN, ColumnRoles, Interactions, mix64
+
+if TYPE_CHECKING:
+    from tierec.data.splits import Rows
 
 ATTEMPTS = 32  # draws per negative before the exact draw among the items the user does not have
 _ATTEMPT = np.uint64(0xD1B54A32D192ED03)
@@ -125,11 +130,13 @@ class NegativeSampler:
         n = self.train.items.size
         if not self.spec.popularity:
             return np.minimum((u * n).astype(np.int64), n - 1)
-        cum = self._cumulative()
+        cum = self.cumulative
         return np.minimum(np.searchsorted(cum, u * cum[-1], side="right"), n - 1)
 
-    def _cumulative(self) -> np.ndarray:
-        return np.cumsum(self.train.counts)  # [I] (a cumulative sum is cheap next to a block's parse)
+    @cached_property
+    def cumulative(self) -> np.ndarray:
+        """[I] int64 the training counts summed up to each item (popularity draws)."""
+        return np.cumsum(self.train.counts)
 
     def _excluded(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         bad = self.train.has(users, items)
@@ -162,7 +169,7 @@ class NegativeRows:
     the rows before it.
     """
 
-    def __init__(self, inner, sampler: Callable[[], NegativeSampler]) -> None:
+    def __init__(self, inner: Rows, sampler: Callable[[], NegativeSampler]) -> None:
         self.inner, self.sampler = inner, sampler
 
     def new_report(self) -> ProblemReport | None:

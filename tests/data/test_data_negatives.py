@@ -187,3 +187,27 @@ def test_a_headerless_log_and_the_errors_that_name_their_key(tmp_path: Path) -> 
             open_source(dataclasses.replace(cfg, **bad), "train", 32)
     with pytest.raises(DataError, match="data.negatives"):
         open_source(load_config(None, ["data.negatives=1", 'data.user_column="C1"', 'data.item_column="C2"']).data, "train", 32)
+
+
+def test_the_pass_merges_as_it_goes_to_the_same_arrays(monkeypatch) -> None:
+    """Blocks merged every few rows (a large file) give what one merge at the end gives; an item's features are from
+    its first row."""
+    import tierec.data.interactions as interactions
+
+    rng = np.random.default_rng(9)
+    blks = []
+    for _ in range(7):
+        users, items = rng.integers(0, 40, 50), rng.integers(0, 30, 50)
+        attr = items * 10 + rng.integers(0, 2, 50)  # an item's value changes between rows: the first one counts
+        blks.append(RowBlock.from_ids(np.ones(50, np.float32), np.zeros((50, 0), np.float32), np.stack([users, items, attr])))
+    roles = ColumnRoles(user=0, item=1, attributes=(2,))
+    once = Interactions.scan(blks, roles)
+    monkeypatch.setattr(interactions, "MERGE_ROWS", 3)
+    often = Interactions.scan(blks, roles)
+    for name in ("pairs", "items", "counts", "attributes"):
+        assert np.array_equal(getattr(once, name), getattr(often, name)), name
+    all_items = np.concatenate([b.feature(1)[0] for b in blks])
+    all_attr = np.concatenate([b.feature(2)[0] for b in blks])
+    first = {int(i): int(a) for i, a in reversed(list(zip(all_items, all_attr)))}
+    assert once.attributes[:, 0].tolist() == [first[int(i)] for i in once.items]
+    assert once.counts.tolist() == [int((all_items == i).sum()) for i in once.items] and once.rows == 350

@@ -11,6 +11,7 @@ DATA = [
     "tierec.data", "tierec.data.blocks", "tierec.data.columns", "tierec.data.errors", "tierec.data.hashing",
     "tierec.data.kernels", "tierec.data.loader", "tierec.data.parquet", "tierec.data.planted", "tierec.data.schema",
     "tierec.data.preprocess", "tierec.data.shards", "tierec.data.source", "tierec.data.synth_kernels", "tierec.data.synthetic", "tierec.data.text",
+    "tierec.data.interactions", "tierec.data.negatives", "tierec.data.implicit", "tierec.data.inspect_implicit", "tierec.data.inspect_names",
 ]  # fmt: skip
 EMBEDDING = ["tierec.embedding.ahead", "tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
 STORE = [

@@ -181,8 +181,24 @@ class DataConfig:
     # dropped. "none" feeds them as they are. The statistics are part of the model: checkpoints and exports.
     dense_scaling: str = "standard"
     dense_stats_rows: int = 1_000_000  # rows read for the dense statistics (0 = the whole training split)
+    # Implicit feedback (a log of uses, plays, purchases: every row a positive): K > 0 adds K rows per positive with
+    # the same user and context and a sampled item the user has not used in training (labels 1 and 0; docs/data.md,
+    # "Implicit feedback"). Test and validation negatives are the same in every run with the same negative_seed.
+    negatives: int = 0
+    user_column: str = ""  # with negatives: the schema's categorical column of the user
+    item_column: str = ""  # with negatives: the schema's categorical column of the item (the one that is sampled)
+    # with negatives: "uniform" over the items seen in training, or "popularity": as often as items are in training
+    negative_sampling: str = "uniform"
+    negative_seed: int = 0  # with negatives: the seed of every sampled negative (not train.seed: the test set stays fixed)
+    # with negatives: categorical columns that describe the item (a price class, a category): a negative row takes its
+    # sampled item's value (the first seen in training) instead of the positive's
+    item_features: list[str] = field(default_factory=list)
+    # with negatives, a file that has its label column too: false refuses it (labels would mix with sampled ones);
+    # true keeps its labels and samples negatives for its positive rows only
+    negatives_keep_label: bool = False
 
     def __post_init__(self) -> None:
+        self._check_negatives()
         if self.dense_scaling not in {"standard", "none"}:
             raise ConfigError(f"data.dense_scaling {self.dense_scaling!r} is not one of standard, none")
         if self.dense_stats_rows < 0:
@@ -208,6 +224,24 @@ class DataConfig:
             raise ConfigError("data.shuffle_buffer and data.shuffle_chunk_rows must be >= 1")
         if self.prefetch_batches < 1:
             raise ConfigError(f"data.prefetch_batches must be >= 1, got {self.prefetch_batches}")
+
+    def _check_negatives(self) -> None:
+        if self.negatives < 0:
+            raise ConfigError(f"data.negatives must be >= 0 (0 = off), got {self.negatives}")
+        if self.negative_seed < 0:
+            raise ConfigError(f"data.negative_seed must be >= 0, got {self.negative_seed}")
+        if self.negative_sampling not in {"uniform", "popularity"}:
+            raise ConfigError(f"data.negative_sampling {self.negative_sampling!r} is not one of uniform, popularity")
+        if not self.negatives:  # (the other keys stay: --set data.negatives=0 turns sampling off alone)
+            return
+        if not self.user_column or not self.item_column:
+            key = "data.user_column" if not self.user_column else "data.item_column"
+            raise ConfigError(f"data.negatives = {self.negatives} needs {key} (a categorical column of the schema)")
+        if self.user_column == self.item_column:
+            raise ConfigError(f"data.user_column and data.item_column are both {self.user_column!r}; name two columns")
+        clash = [c for c in self.item_features if c in (self.user_column, self.item_column)]
+        if clash:
+            raise ConfigError(f"data.item_features names {clash[0]!r}, the user or item column itself; list other item columns")
 
 
 # ------------------------------------------------------------------------ embedding

@@ -81,6 +81,21 @@ class RowBlock:
         """The same block with its rows' split-column values."""
         return dataclasses.replace(self, order=order)
 
+    def with_labels(self, labels: np.ndarray) -> RowBlock:
+        """The same rows with other labels [n] float32."""
+        return dataclasses.replace(self, labels=labels)
+
+    def with_feature_ids(self, f: int, ids: np.ndarray) -> RowBlock:
+        """The same rows with feature ``f``, one id per row, replaced by ``ids`` [n] int64 (a new values array)."""
+        n = self.size
+        start, stop = int(self.offsets[f * n]), int(self.offsets[(f + 1) * n])
+        single = self.one_hot or bool(np.all(np.diff(self.offsets[f * n : (f + 1) * n + 1]) == 1))
+        if not single or ids.shape != (n,):
+            raise ValueError(f"feature {f} must hold one id per row to be replaced")
+        values = self.values.copy()
+        values[start:stop] = ids
+        return dataclasses.replace(self, values=values)
+
     def select(self, keep: np.ndarray) -> RowBlock:
         """The rows where ``keep`` [n] bool is true, or at the indices ``keep`` [m] int, in that order."""
         n, nf = self.size, self.n_features

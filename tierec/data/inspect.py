@@ -43,17 +43,18 @@ from pathlib import Path
 import numpy as np
 
 from tierec.data.errors import DataError
+from tierec.data.inspect_implicit import NegativesProposal, propose_negatives
+from tierec.data.inspect_names import COUNT_NAMES as _COUNT_NAMES
+from tierec.data.inspect_names import joined_words as _words
 from tierec.data.sniff import Sample, number, read_sample
 
 DEFAULT_SAMPLE_ROWS = 100_000
 _LABEL_NAMES = re.compile(r"^(label|labels|click|clicks|clicked|is_click|target|y|conversion|converted|purchase|purchased)$", re.I)
 _RATING_NAMES = re.compile(r"rating|score|stars", re.I)
-_COUNT_NAMES = re.compile(r"(^|_)(cnt|count|counts|weight|plays|playcount|play_count|times|freq|frequency|clicks|views|uses)$", re.I)
 _TIME_NAMES = re.compile(r"(^|_)(time|timestamp|ts|date|datetime|unixtime|unix_time)$", re.I)
 _ID_NAMES = re.compile(r"(^|_)(id|ids|uid|iid|user|users|item|items|movie|product|ad|advertiser|campaign|query|session|userid|itemid)$", re.I)
 # Integer codes, not quantities: Criteo's and Avazu's anonymised C1, C14, ..., and columns named like a kind of thing.
 _CODE_NAMES = re.compile(r"(^|_)(c\d+|type|pos|position|category|code|class|kind|occupation|gender|zip|zipcode|country|city)$", re.I)
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # movieId -> movie_Id, ItemID -> Item_ID
 _LETTER = re.compile(r"[A-Za-z]")
 _DIGIT = re.compile(r"[0-9]")
 _SEPARATORS = ("|", ";", ",")
@@ -63,10 +64,6 @@ KEY_MIN_ROWS = 1_000  # a column with a different value in (nearly) every one of
 NEAR_UNIQUE = 0.9  # ... "nearly": this share of its values distinct
 UNIX_SECONDS = (1e8, 4.2e9)  # 1973 .. 2103
 UNIX_MILLISECONDS = (1e11, 4.2e12)
-
-
-def _words(name: str) -> str:
-    return _CAMEL.sub("_", name.strip()).replace("-", "_").replace(" ", "_")
 
 
 def id_named(name: str) -> bool:
@@ -108,7 +105,7 @@ class ColumnReport:
 
     @property
     def left_out(self) -> bool:
-        return self.role in ("key", "constant", "timestamp")
+        return self.role in ("key", "constant", "timestamp", "count")
 
 
 @dataclass
@@ -123,6 +120,7 @@ class InspectReport:
     truncated: bool = False  # the file has more rows than were read
     notes: list[str] = field(default_factory=list)  # about the file as a whole (encoding, order)
     grouped_by: str = ""  # a categorical column whose values come in one run each (the file is sorted by it)
+    negatives: NegativesProposal | None = None  # no label: sampled negatives for a user and an item column
 
     def column(self, role: str) -> list[ColumnReport]:
         return [c for c in self.columns if c.role == role]
@@ -232,7 +230,8 @@ def _propose_threshold(c: ColumnReport, nums: list[float]) -> None:
     c.threshold_reason = f"values >= {c.threshold:g} ({why}, {c.positives:.0%} of the rows read) are positives"
 
 
-def _choose_label(columns: list[ColumnReport], values: dict[str, list[float]]) -> None:
+def _choose_label(columns: list[ColumnReport], values: dict[str, list[float]], counts_too: bool = True) -> None:
+    """The label among the numeric columns; ``counts_too``: a count column when there is no other."""
     numeric = [c for c in columns if c.role == "numeric"]
     binary = [c for c in numeric if c.binary]
     named = [c for c in binary if _LABEL_NAMES.match(c.name)]
@@ -242,7 +241,8 @@ def _choose_label(columns: list[ColumnReport], values: dict[str, list[float]]) -
     why = {"named": "0/1 values, named like a label", "binary": "0/1 values", "rating": "numbers named like a rating",
            "scale": "few small whole numbers: a rating scale",
            "counts": "counts (no 0/1 or rating column: every row is a use; the label says which uses are heavy)"}
-    for kind, group in (("named", named), ("binary", binary), ("rating", rating), ("scale", scale), ("counts", counts)):
+    kinds = (("named", named), ("binary", binary), ("rating", rating), ("scale", scale)) + ((("counts", counts),) if counts_too else ())
+    for kind, group in kinds:
         if group:
             pick = group[0]
             pick.role, pick.reason = "label", why[kind]
@@ -296,9 +296,24 @@ def inspect_file(
     cols = {name: [r[j] for r in s.rows] for j, name in enumerate(s.names)}
     report.columns = [_column(name, cols[name], s.delimiter, named=s.header) for name in s.names]
     values = {c.name: [x for x in (number(v) for v in cols[c.name] if v) if x is not None] for c in report.columns}
-    _choose_label(report.columns, values)
+    _choose_label_or_negatives(report, values, cols)
     report.grouped_by = _grouped(report.columns, cols)
     return report
+
+
+def _choose_label_or_negatives(report: InspectReport, values: dict[str, list[float]], cols: dict[str, list[str | None]]) -> None:
+    """A label column; without a 0/1, rating or scale one, sampled negatives for a user and an item column if there are
+    such, else a count column as the label."""
+    _choose_label(report.columns, values, counts_too=False)
+    if report.column("label"):
+        return
+    report.negatives = propose_negatives(report.columns, report.header, cols)
+    if report.negatives is None:
+        _choose_label(report.columns, values)
+        return
+    for c in report.columns:
+        if c.name in report.negatives.counts:
+            c.role, c.reason = "count", report.negatives.counts[c.name]
 
 
 def _is_criteo(s: Sample) -> bool:
@@ -339,6 +354,7 @@ def _inspect_parquet(p: Path, max_rows: int) -> InspectReport:
     table = pa.Table.from_batches(batches, schema=f.schema_arrow)
     report = InspectReport(str(p), "parquet", table.num_rows, True, "", truncated=f.metadata.num_rows > table.num_rows)
     values: dict[str, list[float]] = {}
+    texts: dict[str, list[str | None]] = {}
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
@@ -351,5 +367,6 @@ def _inspect_parquet(p: Path, max_rows: int) -> InspectReport:
         text = [None if v is None else (str(v) if not isinstance(v, float) else repr(v)) for v in col.to_pylist()]
         report.columns.append(_column(name, text, ""))
         values[name] = [x for x in (number(v) for v in text if v) if x is not None]
-    _choose_label(report.columns, values)
+        texts[name] = text
+    _choose_label_or_negatives(report, values, texts)
     return report

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from tierec.data.inspect import ColumnReport, InspectReport
+from tierec.data.inspect_implicit import NEGATIVES
 
 _FORMAT_DELIMITERS = {"csv": ",", "tsv": "\t"}
 
@@ -35,11 +36,15 @@ def describe(report: InspectReport) -> str:
         if c.role == "label" and not c.binary:
             role += f" (>= {c.threshold:g})" if c.threshold else " (not 0/1: threshold)"
         if c.left_out:
-            role = {"key": "row key", "constant": "constant", "timestamp": "timestamp: split"}[c.role] + " (left out)"
+            role = {"key": "row key", "constant": "constant", "timestamp": "timestamp: split", "count": "count"}[c.role] + " (left out)"
         lines.append(f"{c.name:<16} {role:<26} {c.distinct:>9,} {c.missing:>9,} {c.malformed:>9,}")
     if report.malformed_rows:
         lines.append(f"{report.malformed_rows:,} rows with a different number of fields than the first (skipped here, and in training)")
     lines += [f"note: {n}" for n in report.notes]
+    if report.negatives is not None:
+        n = report.negatives
+        lines.append(f"note: no label column: every row is a use; {NEGATIVES} sampled negatives per row for user {n.user!r}"
+                     f" and item {n.item!r} ({n.reason})")
     lines += [f"note: {c.name}: {c.reason}" + (f"; {c.threshold_reason}" if c.threshold_reason else "")
               for c in report.columns if c.left_out or c.role == "label"]
     return "\n".join(lines)
@@ -63,8 +68,27 @@ def _split_lines(report: InspectReport) -> list[str]:
     return []
 
 
+def _negative_lines(report: InspectReport) -> list[str]:
+    n = report.negatives
+    if n is None:
+        return []
+    out = [
+        f"negatives = {NEGATIVES}  # no label column: every row is a use (label 1); each gets {NEGATIVES} rows with an item its user"
+        " has not used in training (label 0), the rest of the row as it is",
+        f"user_column = {json.dumps(n.user)}  # {n.reason}",
+        f"item_column = {json.dumps(n.item)}",
+        'negative_sampling = "uniform"  # over the items seen in training; "popularity": as often as they are used (harder)',
+    ]
+    if n.item_features:
+        out.append(f"item_features = {_toml_list(list(n.item_features))}  # one value per item in the sample: a negative takes"
+                   " its own item's")
+    return out
+
+
 def _label_lines(report: InspectReport) -> list[str]:
     labels = report.column("label")
+    if report.negatives is not None and not labels:
+        return ["# no label: data.negatives makes the labels (the file has no column named by label)"]
     if not labels:
         return ['label = "label"  # no 0/1, rating or count column found: name the label column']
     c = labels[0]
@@ -74,11 +98,12 @@ def _label_lines(report: InspectReport) -> list[str]:
     return out
 
 
-def _column_comments(columns: list[ColumnReport]) -> list[str]:
+def _column_comments(report: InspectReport) -> list[str]:
     out = ["# columns, as read from the sample:"]
-    for c in columns:
+    for c in report.columns:
         what = "left out: " if c.left_out else ""
-        out.append(f"#   {c.name}: {c.role}, {what}{c.reason}" + (f"; {c.threshold_reason}" if c.threshold_reason else ""))
+        also = "; one value per item: an item feature" if report.negatives and c.name in report.negatives.item_features else ""
+        out.append(f"#   {c.name}: {c.role}, {what}{c.reason}{also}" + (f"; {c.threshold_reason}" if c.threshold_reason else ""))
     return out
 
 
@@ -93,6 +118,7 @@ def schema_toml(report: InspectReport) -> str:
         f"source = {json.dumps(str(Path(report.path).resolve()))}",
         f"format = {json.dumps(report.format)}",
         *_split_lines(report),
+        *_negative_lines(report),
         "",
         "[data.schema]",
     ]
@@ -120,5 +146,5 @@ def schema_toml(report: InspectReport) -> str:
             out.append(f"separator = {json.dumps(sorted(seps)[0])}" + ("  # columns use different separators" if len(seps) > 1 else ""))
     for c in report.column("key"):
         out.append(f"# score new data with `tierec predict ... --key {c.name}` ({c.name} is a row key)")
-    out += _column_comments(report.columns)
+    out += _column_comments(report)
     return "\n".join(out) + "\n"

@@ -90,7 +90,7 @@ def open_reader(path: str | Path, fmt: str, cfg: SchemaConfig, label_optional: b
     opener = FORMAT_READERS.get(fmt)
     if opener is None:
         raise DataError(f"{path}: format {fmt!r} is not a file format ({', '.join(FORMAT_READERS)})")
-    schema = resolve_schema(cfg, fmt)
+    schema = resolve_schema(cfg, fmt, label_optional)
     if order_column:
         schema = dataclasses.replace(schema, order_column=order_column)
     return opener(path, schema, label_optional)

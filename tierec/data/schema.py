@@ -109,8 +109,9 @@ def criteo_schema(header: bool = False, delimiter: str = "\t") -> Schema:
     )
 
 
-def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
-    """The schema for a file of format ``fmt`` (criteo | csv | tsv | parquet)."""
+def resolve_schema(cfg: SchemaConfig, fmt: str, label_optional: bool = False) -> Schema:
+    """The schema for a file of format ``fmt`` (criteo | csv | tsv | parquet); ``label_optional``: ``columns`` (a file
+    without a header) need not name the label (then the schema has none: a log without labels, new data to score)."""
     row_filter = RowFilter.parse(cfg.filter) if cfg.filter else None
     if fmt == "criteo":
         return dataclasses.replace(criteo_schema(header=False), label_threshold=cfg.label_threshold, row_filter=row_filter)
@@ -130,12 +131,14 @@ def resolve_schema(cfg: SchemaConfig, fmt: str) -> Schema:
         delimiter = ""
     elif not cfg.header and not columns:
         raise DataError("data.schema.header is false but data.schema.columns does not name the file's columns")
+    if label_optional and columns and label not in columns:
+        label = ""
     if not dense and not categorical:
         raise DataError("schema names no dense and no categorical columns (set data.schema.dense / data.schema.categorical)")
     not_categorical = [c for c in cfg.multi_valued if c not in categorical]
     if not_categorical:
         raise DataError(f"data.schema.multi_valued names columns that are not categorical: {not_categorical}")
-    names = (label, *dense, *categorical)
+    names = (label, *dense, *categorical) if label else (*dense, *categorical)
     dup = sorted({c for c in names if names.count(c) > 1})
     if dup:
         raise DataError(f"schema uses column(s) {dup} more than once")

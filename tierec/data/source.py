@@ -31,6 +31,7 @@ from tierec.config import DataConfig
 from tierec.data.blocks import RowBlock, rebatch, skip_rows, to_batch
 from tierec.data.column_split import column_cutoffs
 from tierec.data.errors import DataError, NoSplitError, ProblemReport
+from tierec.data.implicit import ImplicitFeedback, check_label
 from tierec.data.order import Shuffle, shuffle_buffer
 from tierec.data.reader import Reader, open_reader
 from tierec.data.shards import ShardSet
@@ -150,13 +151,17 @@ class Dataset:
         self._test_reader: Reader | None = None
         self._cutoffs: tuple[float, float, dict[str, int]] | None = None
         self._checked_order = False
+        self._sampling = cfg.negatives > 0 and not label_optional  # scoring reads a file's rows as they are
+        self._implicit: ImplicitFeedback | None = None
 
     def source(
-        self, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False, shuffle: Shuffle | None = None
+        self, split: str, batch_size: int, *, start_batch: int = 0, drop_last: bool = False, shuffle: Shuffle | None = None,
+        epoch: int = 0,
     ) -> BatchSource:
         """The ``split`` ("train", "validation", "test" or "all") as batches of ``batch_size``.
 
-        ``shuffle`` (training) reads the rows in that epoch's order (:mod:`tierec.data.order`).
+        ``shuffle`` (training) reads the rows in that epoch's order (:mod:`tierec.data.order`); with
+        ``data.negatives``, ``epoch`` picks the training negatives (:mod:`tierec.data.negatives`).
         """
         if split not in SPLITS:
             raise DataError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -164,7 +169,11 @@ class Dataset:
             raise DataError(f"batch_size must be positive, got {batch_size}")
         if start_batch < 0:
             raise DataError(f"start_batch must be >= 0, got {start_batch}")
+        if self._sampling and self.format in ("synthetic", "shards"):
+            raise DataError(f"data.negatives samples negatives from a file's rows; {self.cfg.source} is {self.format} data")
         rows, meta = self._test_file() if split == "test" and self.cfg.test_source else self._split(split)
+        if self._sampling and split != "all":
+            rows, meta = self._negatives().rows(split, rows, meta, epoch, lambda: self._split("train")[0])
         if self.format == "synthetic":
             shuffle = None  # synthetic rows are independent draws already
         return BatchSource(rows, meta, batch_size, start_batch, drop_last, shuffle)
@@ -175,8 +184,16 @@ class Dataset:
             raise DataError(f"{self.cfg.source} is {self.format} data, not a file")
         if self._reader is None:
             order = self.cfg.split_column if self.cfg.split == "column" else ""
-            self._reader = open_reader(self.cfg.source, self.format, self.cfg.schema, self.label_optional, order_column=order)
+            reader = open_reader(self.cfg.source, self.format, self.cfg.schema, self.label_optional or self._sampling, order_column=order)
+            if self._sampling:
+                check_label(self.cfg, reader)
+            self._reader = reader
         return self._reader
+
+    def _negatives(self) -> ImplicitFeedback:
+        if self._implicit is None:
+            self._implicit = ImplicitFeedback(self.cfg, self.reader().schema)
+        return self._implicit
 
     def _split(self, split: str) -> tuple[Rows, SourceMeta]:
         cfg = self.cfg
@@ -214,7 +231,10 @@ class Dataset:
             meta = SourceMeta(shards.feature_names, shards.dense_names, shards.multi_hot, shards.num_rows("test"), shards.problems("test"))
             return ShardRows(shards, "test"), meta
         if self._test_reader is None:
-            self._test_reader = open_reader(path, fmt, self.cfg.schema)
+            reader = open_reader(path, fmt, self.cfg.schema, label_optional=self._sampling)
+            if self._sampling:
+                check_label(self.cfg, reader)
+            self._test_reader = reader
         reader = self._test_reader
         return FileRows(reader, 0, reader.num_rows, self.cfg.strict), file_meta(reader, reader.num_rows)
 

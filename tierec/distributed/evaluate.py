@@ -18,17 +18,20 @@ import torch
 import torch.distributed as dist
 
 from tierec.config import Config
-from tierec.data import BackgroundLoader, open_source
+from tierec.data import BackgroundLoader, Dataset, open_dataset
 from tierec.distributed.context import DistContext
 from tierec.distributed.data import slice_batch, slice_bounds
 
 
-def evaluate_sharded(cfg: Config, parts, ctx: DistContext, accumulator: Callable[[], Any], split: str = "test") -> dict[str, float]:
+def evaluate_sharded(
+    cfg: Config, parts, ctx: DistContext, accumulator: Callable[[], Any], split: str = "test", data: Dataset | None = None
+) -> dict[str, float]:
     """The single-process ``evaluate``: each rank scores its slice, every rank gets all scores in order.
 
-    ``accumulator()``: a fresh metrics accumulator (``update(scores, labels)``, ``compute()``).
+    ``accumulator()``: a fresh metrics accumulator (``update(scores, labels)``, ``compute()``); ``data``: the
+    data, already open (a column split's cutoffs, sampled negatives' passes are then not made again).
     """
-    source = open_source(cfg.data, split, cfg.train.batch_size)
+    source = (data or open_dataset(cfg.data)).source(split, cfg.train.batch_size)
     acc = accumulator()
     was_training = parts.model.training
     parts.train(False)

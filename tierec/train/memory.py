@@ -36,6 +36,7 @@ tierec.errors.ConfigError: not enough memory: this config needs at least ... but
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import warnings
 from collections.abc import Mapping
@@ -85,7 +86,9 @@ def seen_ids(cfg: Config, max_rows: int = SAMPLE_ROWS) -> tuple[list[str], int, 
     ids: dict[str, list[np.ndarray]] = {}
     with warnings.catch_warnings():  # malformed rows: training reports them
         warnings.simplefilter("ignore")
-        source = open_source(cfg.data, "train", min(cfg.train.batch_size, limit))
+        # without sampled negatives (their items are training items; sampling first needs a pass over the whole split)
+        plain = dataclasses.replace(cfg.data, negatives=0)
+        source = open_source(plain, "train", min(cfg.train.batch_size, limit), label_optional=cfg.data.negatives > 0)
         names, n_dense, rows = list(source.feature_names), source.n_dense, 0
         for batch in source:
             sp = batch.sparse

@@ -8,7 +8,7 @@ whatever the gradient, so an id seen once carries one sample's noise, and a
 model of dim 16 over 26 features overfits within its third pass (docs/models.md,
 "Defaults by data size"). Before training, ``tierec train`` estimates the
 training rows of a file (:func:`estimate_train_rows`: the file's size over the
-mean length of its first lines, or Parquet's metadata; synthetic data and shard
+mean length of its first lines, or Parquet's metadata, times 1 + ``data.negatives``; synthetic data and shard
 directories keep the defaults at any size, so the synthetic benchmarks and
 ``make demo`` are what they were) and :func:`size_defaults` sets, for every one
 of these keys the user did not give in a config file or ``--set``:
@@ -85,11 +85,11 @@ def estimate_train_rows(cfg: Config) -> int | None:
             head = f.read(_SAMPLE_BYTES)
         lines = head.count(b"\n")
         total = size // max(len(head) // max(lines, 1), 1) if lines else 1
-    if data.test_source:
-        return total
-    held = data.test_rows if data.test_rows else data.test_fraction * total
-    held += data.validation_rows if data.validation_rows else data.validation_fraction * total
-    return max(int(total - held), 0)
+    if not data.test_source:
+        held = data.test_rows if data.test_rows else data.test_fraction * total
+        held += data.validation_rows if data.validation_rows else data.validation_fraction * total
+        total = max(int(total - held), 0)
+    return total * (1 + data.negatives)  # sampled negatives are training rows too (at most K per row)
 
 
 def _power_of_two_at_most(n: int) -> int:

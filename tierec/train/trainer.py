@@ -228,7 +228,7 @@ class Trainer:
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
         while not done:
             shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
-            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle)
+            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle, epoch=pos.epoch)
             with closing(pipe.run(source)) as steps:
                 for step in steps:
                     t0 = time.perf_counter()
@@ -383,7 +383,7 @@ class Trainer:
         if self.job.distributed:
             from tierec.distributed.evaluate import evaluate_sharded
 
-            result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split)
+            result = evaluate_sharded(self.cfg, parts, self.job.ctx, EvalAccumulator, split, self._data)
         else:
             result = evaluate(self.cfg, parts, split, self._data)
         log.write({"kind": "eval", "split": split, "step": pos.step, **result})

@@ -26,7 +26,8 @@ CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch
 SERVING = [
     "tierec.serving", "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
     "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",
-    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
+    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server", "tierec.serving.overlay",
+    "tierec.serving.follow",
 ]  # fmt: skip
 
 DISTRIBUTED = ["tierec.distributed.backends", "tierec.distributed.layout", "tierec.distributed.reducers",

@@ -5,7 +5,7 @@
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec export CHECKPOINT --out DIR [--precision fp32|fp16|int8]
-    tierec serve DIR [--port P] [--host 127.0.0.1]
+    tierec serve DIR [--port P] [--host 127.0.0.1] [--follow RUN_DIR [--poll SECONDS]]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
     tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--resume] [--storage URL]
@@ -298,7 +298,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tierec.serving.server import serve
 
-    serve(args.export, host=args.host, port=args.port)
+    serve(args.export, host=args.host, port=args.port, follow=args.follow, poll_s=args.poll)
     return 0
 
 
@@ -404,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("export", metavar="DIR", help="a directory written by `tierec export`")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--follow", metavar="RUN_DIR",
+                   help="the run the export was made from: apply each delta checkpoint it publishes (train.delta_every) "
+                        "and take up each newer full checkpoint, between requests (default: serve the export as it is)")
+    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                   help="with --follow, how often to look for new checkpoints (default: 1)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

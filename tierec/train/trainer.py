@@ -428,7 +428,8 @@ class Trainer:
         writers = self.job.checkpoint_writers()
         if writers is not None:
             tensors, skeleton = snapshot_state(parts)
-            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), "saved_at": time.time(),
+                    **self.job.checkpoint_meta()}  # fmt: skip
             save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=writers)
         self.job.checkpoint_written()
 
@@ -446,7 +447,8 @@ class Trainer:
             return
         base, previous = self._published
         tensors, skeleton, rows = delta_state(parts)
-        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), "saved_at": time.time(),
+                **self.job.checkpoint_meta()}  # fmt: skip
         save_delta(ckpt_dir, pos.step, base, previous, tensors, meta, rows=rows)
         mark_changes(parts)
         self._published = (base, pos.step)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +135,10 @@ def test_serve_follow_over_http(tmp_path: Path) -> None:
     over, run, ex4 = _setup(tmp_path)
     held = [_aside(run, n, tmp_path) for n in ("delta_00000006_of_00000004", "delta_00000008_of_00000004", "step_00000008")]
     records = csv_records(tmp_path / "clicks.csv")[:200]
+    shutil.move(held[0], run / "checkpoints" / held[0].name)  # the scores of step 6, for what a request may see
+    with RunFollower(run, echo=lambda line: None) as follower:
+        at6 = follower.poll(follower.start(Scorer.load(ex4))).score(records)  # type: ignore[union-attr]
+    shutil.move(run / "checkpoints" / held[0].name, held[0])
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "tierec", "serve", str(ex4), "--port", str(port), "--follow", str(run), "--poll", "0.2"]
@@ -145,14 +150,23 @@ def test_serve_follow_over_http(tmp_path: Path) -> None:
         assert version["step"] == 4 and version["delta"] is None and version["checkpoint"] is None
         at4 = _call(url + "/score", {"rows": records})[1]["scores"]
 
+        seen: list[list[float]] = []  # a client scoring all along: every answer is of one whole state
+        stop = threading.Event()
+        client = threading.Thread(target=lambda: [seen.append(_call(url + "/score", {"rows": records})[1]["scores"])
+                                                  for _ in iter(stop.is_set, True)])  # fmt: skip
+        client.start()
         for path in held[:2]:  # published one at a time, renamed in as training publishes them
             shutil.move(path, run / "checkpoints" / path.name)
             step = int(path.name.split("_")[1])
             version = _wait_for(url, lambda v, s=step: v["step"] == s, proc)
             assert version["delta"]["name"] == path.name and version["delta"]["saved_at"] <= version["delta"]["applied_at"]
+        stop.set()
+        client.join(timeout=60)
         ref8 = _reference(held[2], tmp_path / "ex8", "fp32").score(records)
-        scores = np.array(_call(url + "/score", {"rows": records})[1]["scores"])
-        assert np.abs(scores - ref8).max() <= 1e-6 and np.abs(np.array(at4) - ref8).max() > 1e-3
+        states = [np.array(at4), at6, ref8]
+        which = [next((i for i, st in enumerate(states) if np.abs(np.array(got) - st).max() <= 1e-6), -1) for got in seen]
+        assert len(seen) > 3 and -1 not in which and which == sorted(which) and which[-1] == 2  # no half delta, no going back
+        assert np.abs(np.array(at4) - at6).max() > 1e-3 and np.abs(at6 - ref8).max() > 1e-3
 
         shutil.move(held[2], run / "checkpoints" / held[2].name)
         train(run, over + ["train.max_steps=12"], resume=True)  # while the server follows

@@ -67,15 +67,19 @@ class Served:
 
 
 async def follow_run(served: Served, follower: RunFollower, poll_s: float) -> None:
-    """Every ``poll_s`` seconds: what the followed run published since, taken up off the event loop, then swapped in."""
+    """Every ``poll_s`` seconds: what the followed run published since, taken up off the event loop, then swapped in.
+    A failure is one line on stderr (again only when it changes), and the server goes on serving what it has."""
+    said = ""
     while True:
         try:
             newer = await asyncio.to_thread(follower.poll, served.scorer)
+            said = ""
         except Exception as e:  # noqa: BLE001 - the server goes on serving what it has
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            print(f"tierec serve --follow: {type(e).__name__}: {first}; still serving step {served.scorer.origin.step}",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            newer = None
+            line = f"tierec serve --follow: {type(e).__name__}: {first}; still serving step {served.scorer.origin.step}"
+            if line != said:
+                print(line, file=sys.stderr, flush=True)
+            said, newer = line, None
         if newer is not None:
             served.swap(newer)
         await asyncio.sleep(poll_s)

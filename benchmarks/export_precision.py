@@ -32,10 +32,10 @@ from tierec.train.metrics import auc
 CRITEO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "criteo" / "train_head10000.txt"
 
 
-def write_synthetic_criteo(path: Path, rows: int, seed: int) -> None:
-    """Rows of the synthetic generator as a raw Criteo TSV (hex ids, dense values as written)."""
-    data = SyntheticData(SyntheticConfig(seed=seed, train_rows=rows))
-    block = data.block("train", 0, rows)[0]
+def write_synthetic_criteo(path: Path, rows: int, seed: int, first: int = 0) -> None:
+    """Rows ``first..first+rows-1`` of the synthetic generator as a raw Criteo TSV (hex ids, dense values as written)."""
+    data = SyntheticData(SyntheticConfig(seed=seed, train_rows=first + rows))
+    block = data.block("train", first, rows)[0]
     ids = block.values.reshape(26, rows) & ((1 << 32) - 1)
     with open(path, "w") as f:
         for i in range(rows):

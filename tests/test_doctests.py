@@ -12,6 +12,7 @@ DATA = [
     "tierec.data.kernels", "tierec.data.loader", "tierec.data.parquet", "tierec.data.planted", "tierec.data.schema",
     "tierec.data.preprocess", "tierec.data.shards", "tierec.data.source", "tierec.data.synth_kernels", "tierec.data.synthetic", "tierec.data.text",
     "tierec.data.interactions", "tierec.data.negatives", "tierec.data.implicit", "tierec.data.inspect_implicit", "tierec.data.inspect_names",
+    "tierec.data.follow",
 ]  # fmt: skip
 EMBEDDING = ["tierec.embedding.ahead", "tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
 STORE = [
@@ -23,11 +24,12 @@ STORE = [
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
         "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.version",
-        "tierec.warmup", "tierec.config_reference", "tierec.data.row_filter", "tierec.tune.space"]
+        "tierec.warmup", "tierec.config_reference", "tierec.data.row_filter", "tierec.tune.space", "tierec.train.passes"]
 SERVING = [
     "tierec.serving", "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
     "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",
-    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server",
+    "tierec.serving.export", "tierec.serving.scorer", "tierec.serving.server", "tierec.serving.overlay",
+    "tierec.serving.follow",
 ]  # fmt: skip
 
 DISTRIBUTED = ["tierec.distributed.backends", "tierec.distributed.layout", "tierec.distributed.reducers",

@@ -1,11 +1,11 @@
 """The ``tierec`` command line: one function per command.
 
-    tierec train [--config FILE] [--set section.key=value ...] [--run-dir DIR] [--resume] [--nproc N]
+    tierec train [--config FILE] [--set section.key=value ...] [--run-dir DIR] [--resume] [--nproc N] [--follow]
     torchrun --nproc_per_node N -m tierec train ...      (multi-node: torchrun's rendezvous arguments)
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec export CHECKPOINT --out DIR [--precision fp32|fp16|int8]
-    tierec serve DIR [--port P] [--host 127.0.0.1]
+    tierec serve DIR [--port P] [--host 127.0.0.1] [--follow RUN_DIR [--poll SECONDS]]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
     tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--resume] [--storage URL]
@@ -53,7 +53,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
-    return list(args.overrides) + (["data.strict=true"] if args.strict else [])
+    follow = ["data.follow=true"] if getattr(args, "follow", False) else []
+    return list(args.overrides) + (["data.strict=true"] if args.strict else []) + follow
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -90,7 +91,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         # before anything is written: no file it will write is a link or a file of the user's
         check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, writes=files_written(cfg))
     preflight(cfg)
-    if not _launched_by_torchrun():  # the launcher counts for all its processes; its ranks do not count again
+    if cfg.data.follow and args.nproc > 1:
+        raise ConfigError("data.follow (--follow) runs on 1 process for now; drop --nproc")
+    if not _launched_by_torchrun() and not cfg.data.follow:  # the launcher counts for all its processes (a followed
+        # directory's files are not there yet to count the tables' rows in)
         from tierec.train.memory import check_memory, training_estimate
 
         check_memory(training_estimate(cfg, processes=args.nproc), device=cfg.train.device)
@@ -206,10 +210,13 @@ def _launched_by_torchrun() -> bool:
 
 def _print_summary(summary: dict) -> None:
     print()
-    print(f"test AUC        {summary['test_auc']:.4f}")
-    if "planted_auc" in summary:
-        print(f"planted AUC     {summary['planted_auc']:.4f}  (the generator's own model on the same rows)")
-    print(f"test logloss    {summary['test_logloss']:.4f}")
+    if "test_auc" in summary:
+        print(f"test AUC        {summary['test_auc']:.4f}")
+        if "planted_auc" in summary:
+            print(f"planted AUC     {summary['planted_auc']:.4f}  (the generator's own model on the same rows)")
+        print(f"test logloss    {summary['test_logloss']:.4f}")
+    else:  # a followed directory without data.test_source
+        print("test AUC        none (no test split: set data.test_source to evaluate on one)")
     if "best_step" in summary:
         print(f"best step       {summary['best_step']}  (validation AUC {summary['best_validation_auc']:.4f}; test is evaluated on it, checkpoints/best)")
     print(f"samples/s       {summary['train_samples_per_s']:,.0f}  (training steps, {summary['steps']} steps)")
@@ -298,7 +305,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tierec.serving.server import serve
 
-    serve(args.export, host=args.host, port=args.port)
+    serve(args.export, host=args.host, port=args.port, follow=args.follow, poll_s=args.poll)
     return 0
 
 
@@ -362,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start over in a --run-dir that holds a run (deletes only the files tierec wrote there; "
                         "default: such a run dir is an error)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (default: a bar on a terminal, a line every 30 s in a log)")
+    p.add_argument("--follow", action="store_true",
+                   help="data.source is a directory that grows: train every file in it once, in name order, as it "
+                        "arrives, until SIGTERM or train.max_steps (sets data.follow; see data.follow_poll_s and "
+                        "data.follow_settle_s; default: train the source's epochs and stop)")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="train on N local processes (started and watched by this one, torchrun's environment without torchrun; "
                         "see docs/distributed.md; default: 1)")
@@ -404,6 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("export", metavar="DIR", help="a directory written by `tierec export`")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--follow", metavar="RUN_DIR",
+                   help="the run the export was made from: apply each delta checkpoint it publishes (train.delta_every) "
+                        "and take up each newer full checkpoint, between requests (default: serve the export as it is)")
+    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                   help="with --follow, how often to look for new checkpoints (default: 1)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

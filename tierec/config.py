@@ -144,7 +144,8 @@ class SyntheticConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    # "synthetic", a file (.txt/.tsv/.csv/.parquet), or a directory of shards from `tierec preprocess`.
+    # "synthetic", a file (.txt/.tsv/.csv/.parquet), a directory of shards from `tierec preprocess`, or (with
+    # data.follow) a directory of such files that grows.
     source: str = "synthetic"
     # auto | synthetic | criteo | csv | tsv | parquet | shards
     format: str = "auto"
@@ -197,8 +198,30 @@ class DataConfig:
     # true keeps its labels and samples negatives for its positive rows only
     negatives_keep_label: bool = False
 
+    # Streaming (`tierec train --follow` sets it): `source` is a directory that grows; every file in it is trained
+    # once, all its rows, in name order, as it arrives, until the run is stopped (SIGTERM) or train.max_steps.
+    # Names starting with "." or ending in .tmp / .part are ignored (write there, then rename). Which files are
+    # done is in every checkpoint, so --resume continues exactly. Evaluation: data.test_source only.
+    follow: bool = False
+    follow_poll_s: float = 2.0  # seconds between looks at the directory when no file is ready
+    # a file is taken once it has not changed (its modification time) for this long; 0 = at once (files renamed in)
+    follow_settle_s: float = 5.0
+
     def __post_init__(self) -> None:
         self._check_negatives()
+        if not (math.isfinite(self.follow_poll_s) and self.follow_poll_s > 0):
+            raise ConfigError(f"data.follow_poll_s must be a positive number of seconds, got {self.follow_poll_s}")
+        if not (math.isfinite(self.follow_settle_s) and self.follow_settle_s >= 0):
+            raise ConfigError(f"data.follow_settle_s must be >= 0 seconds, got {self.follow_settle_s}")
+        if self.follow and (self.source == "synthetic" or self.format in {"synthetic", "shards"}):
+            raise ConfigError("data.follow trains the new files of a directory: set data.source to that directory "
+                              "(and data.format, if not auto, to criteo, csv, tsv or parquet)")  # fmt: skip
+        if self.follow and self.negatives:
+            raise ConfigError("data.follow with data.negatives: sampling needs every user's items from one pass over the "
+                              "training data, which a growing directory does not have; set data.negatives = 0")  # fmt: skip
+        if self.follow and (self.validation_rows or self.validation_fraction):
+            raise ConfigError("data.follow trains every row of every file: it has no validation split; leave "
+                              "data.validation_rows and data.validation_fraction at 0 (evaluate on data.test_source)")  # fmt: skip
         if self.dense_scaling not in {"standard", "none"}:
             raise ConfigError(f"data.dense_scaling {self.dense_scaling!r} is not one of standard, none")
         if self.dense_stats_rows < 0:
@@ -606,6 +629,8 @@ class Config:
     def __post_init__(self) -> None:
         if self.format != CONFIG_FORMAT:
             raise ConfigError(f"format = {self.format}: this tierec reads configs of format {CONFIG_FORMAT}")
+        if self.data.follow and self.train.eval_every and not self.data.test_source:
+            raise ConfigError("train.eval_every with data.follow evaluates on data.test_source: set it, or eval_every = 0")
         if self.train.delta_every and self.prune.enabled:
             raise ConfigError("train.delta_every does not work with prune.enabled yet (pruned rows are not tracked); turn one off")
         if self.train.delta_every and self.store.cold_precision != "fp32":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from tierec.config import load_config
 from tierec.data.schema import CRITEO_COLUMNS
 from tierec.train.trainer import Trainer
 
+REPO = Path(__file__).resolve().parents[2]
 CRITEO_HEAD = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "criteo" / "train_head10000.txt"
 CRITEO_TEST_ROWS = 1000
 
@@ -61,10 +65,27 @@ def _storages(tmp: Path) -> dict[str, list[str]]:
     }
 
 
-def train(run: Path, overrides: list[str]) -> dict:
+def train(run: Path, overrides: list[str], resume: bool = False) -> dict:
     common = ['train.precision="fp32"', "train.progress=false", "train.plots=false", "model.top_mlp=[16]",
               "model.bottom_mlp=[16]", "model.deep_mlp=[16]"]  # fmt: skip
-    return Trainer(load_config(None, common + overrides), run).fit()
+    return Trainer(load_config(None, common + overrides), run, resume=resume).fit()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(url: str, body: object | bytes | None = None, timeout: float = 30) -> tuple[int, dict]:
+    """(status, JSON answer) of a GET (no body) or POST to ``url``, through urllib: a real HTTP client."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def predicted(run: Path, out: Path, split: str = "all") -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -15,30 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving_helpers import clicks_config, csv_records, train, write_clicks_csv
+from serving_helpers import REPO, call as _call, clicks_config, csv_records, free_port as _free_port, train, write_clicks_csv
 from tierec.cli import main
 from tierec.serving.export import export_checkpoint
 from tierec.serving.scorer import Scorer
 
-REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _call(url: str, body: object | bytes | None = None, timeout: float = 30) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 @pytest.fixture(scope="module")

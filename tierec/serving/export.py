@@ -109,7 +109,7 @@ def _export(ckpt: Checkpoint, out: Path, cfg: ExportConfig) -> ExportManifest:
         raise ExportError(f"the models need one embedding dim for all features, the run has {sorted(dims)}")
     dim = dims.pop()
     model = build_model(run.model, n_dense=n_dense, n_sparse=len(features), dim=dim)
-    model.load_state_dict(_model_state(ckpt))
+    model.load_state_dict(model_state(ckpt.state(0), ckpt.meta))
 
     tmp = begin_export(Path(out))
     try:
@@ -136,9 +136,10 @@ def _export(ckpt: Checkpoint, out: Path, cfg: ExportConfig) -> ExportManifest:
     return manifest
 
 
-def _model_state(ckpt: Checkpoint) -> dict[str, Tensor]:
-    dense = {k: v for k, v in ckpt.state(0).items() if "/" not in k}
-    return unflatten_state(dense, ckpt.meta["state"]["model"])
+def model_state(tensors: dict[str, Tensor], meta: dict) -> dict[str, Tensor]:
+    """The dense model's ``state_dict`` in a checkpoint (full or delta) whose rank-0 tensors and meta are given."""
+    dense = {k: v for k, v in tensors.items() if "/" not in k}
+    return unflatten_state(dense, meta["state"]["model"])
 
 
 def _feature(name: str, tables: list[_Table]) -> FeatureEntry:
@@ -161,7 +162,7 @@ def _write_tables(ckpt: Checkpoint, tmp: Path, tables: list[_Table], cfg: Export
     for label, records in ckpt.rows():  # one chunk file in RAM at a time
         if label not in by_label:
             raise ExportError(f"checkpoint {ckpt.path} holds rows of {label!r}, a table its config does not have")
-        chunk = _chunk(records, by_label[label].config.dim)
+        chunk = records_chunk(records, by_label[label].config.dim)
         if "dims" in records:
             ragged.add(label)
         writers[label].add(encode(chunk, cfg.precision))
@@ -184,7 +185,7 @@ def _write_tables(ckpt: Checkpoint, tmp: Path, tables: list[_Table], cfg: Export
     return entries
 
 
-def _chunk(records: dict[str, Tensor], dim: int) -> RowChunk:
+def records_chunk(records: dict[str, Tensor], dim: int) -> RowChunk:
     """float32 rows of one checkpoint chunk: whole rows (``weights``) or pruned ones at their own dims."""
     ids = records["ids"].numpy().astype(np.int64, copy=False)
     if "weights" in records:

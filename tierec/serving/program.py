@@ -18,6 +18,14 @@ bf16, the rule of tierec/train/precision.py) it runs in bf16 autocast, as
 >>> x = (torch.randn(5, 3), torch.randn(5, 4, 2), torch.zeros(5, 4))
 >>> torch.allclose(p(*x), model.eval()(x[0], x[1], None))
 True
+
+:meth:`DenseProgram.with_weights` is the same program with other weights (a delta checkpoint's dense
+model, ``tierec serve --follow``): a new module, the loaded one untouched.
+
+>>> other = build_model(ModelConfig(bottom_mlp=[8], top_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
+>>> q = p.with_weights(other.state_dict())
+>>> torch.allclose(q(*x), other.eval()(x[0], x[1], None)), torch.allclose(p(*x), model(x[0], x[1], None))
+(True, True)
 """
 
 from __future__ import annotations
@@ -67,8 +75,10 @@ def save_program(model: CTRModel, path: str | os.PathLike, *, n_dense: int, n_sp
 class DenseProgram:
     """A loaded program, called like the model: ``program(dense, emb, wide) -> logits [B]`` float32."""
 
-    def __init__(self, module: nn.Module, precision: str) -> None:
-        self.module = module
+    def __init__(self, program: torch.export.ExportedProgram, precision: str, module: nn.Module | None = None) -> None:
+        self.program = program
+        self.precision = precision
+        self.module = program.module() if module is None else module
         self.dtype = autocast_dtype(precision, "cpu")
 
     @staticmethod
@@ -78,7 +88,18 @@ class DenseProgram:
         except Exception as e:  # noqa: BLE001 - a damaged or foreign file is one line
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise ExportError(f"cannot load the dense program {path} ({first})") from None
-        return DenseProgram(program.module(), precision)
+        return DenseProgram(program, precision)
+
+    def with_weights(self, state: dict[str, Tensor]) -> DenseProgram:
+        """This program with the model weights ``state`` (the model's ``state_dict``: same keys and shapes, else
+        an ExportError); a fresh module is given the tensors, so this one keeps its own."""
+        module = self.program.module()
+        try:
+            module.load_state_dict({f"model.{k}": v for k, v in state.items()}, strict=True, assign=True)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0][:200]
+            raise ExportError(f"the dense weights do not fit the exported program ({first})") from None
+        return DenseProgram(self.program, self.precision, module)
 
     def __call__(self, dense: Tensor, emb: Tensor, wide: Tensor) -> Tensor:
         with torch.no_grad():

@@ -9,7 +9,10 @@ each feature's ids are looked up in its table (tierec/serving/tables.py: an id
 the table does not hold reads as zeros, as in evaluation) and pooled as in
 training (sum, or mean over the bag's ids); the first-order tables, where the
 model has them, the same way; then the dense program (tierec/serving/program.py).
-Tables are memory-mapped unless ``mmap=False``.
+Tables are memory-mapped unless ``mmap=False``. A scorer never changes:
+``tierec serve --follow`` (tierec/serving/follow.py) builds a new one, with
+other tables and weights and its :class:`Origin`, for every publication of
+the run it follows.
 
 >>> import tempfile, pathlib
 >>> from tierec.config import load_config
@@ -30,7 +33,9 @@ step 2: test auc ...
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -43,12 +48,35 @@ from tierec.serving.program import DenseProgram
 from tierec.serving.tables import ServedTable
 
 
+class Table(Protocol):
+    """What scoring needs of a table: its dim, and rows by raw id (a ServedTable, or one with an overlay)."""
+
+    dim: int
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Origin:
+    """Where the served state comes from: an export, then what ``--follow`` took up of the run since."""
+
+    export: str  # the export directory served
+    export_step: int
+    step: int  # the training step of the state served now
+    checkpoint: str | None = None  # the run's full checkpoint taken up since the export (its directory name)
+    delta: str | None = None  # the last delta checkpoint applied (its directory name)
+    saved_at: float | None = None  # when training saved that publication (Unix time)
+    applied_at: float | None = None  # when the server started serving it
+
+
 class Scorer:
-    def __init__(self, manifest: ExportManifest, program: DenseProgram, tables: dict[str, ServedTable], path: Path) -> None:
+    def __init__(self, manifest: ExportManifest, program: DenseProgram, tables: dict[str, Table], path: Path,
+                 origin: Origin | None = None) -> None:  # fmt: skip
         self.manifest = manifest
         self.program = program
         self.tables = tables
         self.path = path
+        self.origin = origin or Origin(export=str(path), export_step=manifest.step, step=manifest.step)
         self.encoder = RowEncoder(manifest.schema)
         self.dim = tables[manifest.features[0].table].dim
 
@@ -62,7 +90,7 @@ class Scorer:
             raise ExportError(f"{path} is not a tierec export: cannot read its {MANIFEST_FILE} ({e.strerror or e})") from None
         manifest = ExportManifest.from_json(text, str(path / MANIFEST_FILE))
         program = DenseProgram.load(path / safe_member(manifest.program, str(path / MANIFEST_FILE)), manifest.dense_precision)
-        tables = {t.name: ServedTable.open(path, t, mmap=mmap) for t in manifest.tables}
+        tables: dict[str, Table] = {t.name: ServedTable.open(path, t, mmap=mmap) for t in manifest.tables}
         for f in manifest.features:
             manifest.table(f.table)
             if f.wide_table is not None:
@@ -91,15 +119,22 @@ class Scorer:
         logits = self.program(dense, torch.from_numpy(emb), torch.from_numpy(wide))
         return torch.sigmoid(logits).numpy()
 
+    def updated(self, program: DenseProgram, tables: dict[str, Table], origin: Origin) -> Scorer:
+        """A new scorer of the same export with other weights and tables (this one is left as it is)."""
+        return Scorer(self.manifest, program, tables, self.path, origin)
+
     def describe(self) -> dict[str, object]:
-        """What ``GET /version`` says: the export's tierec version, step, model, precision and path."""
-        m = self.manifest
-        return {"export": str(self.path), "tierec_version": m.tierec_version, "step": m.step, "model": m.model,
-                "precision": m.precision, "tables": len(m.tables), "delta": None}  # fmt: skip
+        """What ``GET /version`` says: the export (path, step, tierec version, model, precision), the step served
+        now, and the run's full checkpoint and last delta taken up since (``None``: none)."""
+        m, o = self.manifest, self.origin
+        delta = None if o.delta is None else {"name": o.delta, "step": o.step, "saved_at": o.saved_at, "applied_at": o.applied_at}
+        return {"export": o.export, "tierec_version": m.tierec_version, "step": o.step, "export_step": o.export_step,
+                "model": m.model, "precision": m.precision, "tables": len(m.tables), "checkpoint": o.checkpoint,
+                "delta": delta}  # fmt: skip
 
 
 
-def _pool(table: ServedTable, ids: np.ndarray, lens: np.ndarray | None, n: int, mean: bool) -> np.ndarray:  # -> [B, D]
+def _pool(table: Table, ids: np.ndarray, lens: np.ndarray | None, n: int, mean: bool) -> np.ndarray:  # -> [B, D]
     """Each bag's rows pooled as training pools them: summed, then times 1 / len for mean (an empty bag is 0).
     ``lens`` None: one id per bag."""
     rows = table.lookup(np.ascontiguousarray(ids, dtype=np.int64))  # [N, D]

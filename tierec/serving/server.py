@@ -4,8 +4,14 @@
   file's column names and raw values; the label may be absent) answers
   ``{"scores": [...]}``, click probabilities in the rows' order;
 - ``GET /health`` answers ``{"status": "ok"}`` once the export is loaded;
-- ``GET /version`` names the export (its path, step, tierec version, precision)
-  and the last delta applied (none yet: ``null``).
+- ``GET /version`` names the export (its path, step, tierec version, precision),
+  the step served now, and with ``--follow`` the run's full checkpoint and last
+  delta taken up since (none: ``null``).
+
+With ``--follow RUN_DIR`` a background task asks a
+:class:`~tierec.serving.follow.RunFollower` every ``poll_s`` seconds (on a
+worker thread) for what the run published since, and swaps the served scorer,
+one reference, on the event loop: between two requests, never during one.
 
 A bad request gets a 4xx status and ``{"error": "<one line>"}``, never a
 traceback. It binds 127.0.0.1 unless told otherwise. Starlette and uvicorn are
@@ -22,12 +28,17 @@ requests, and the scorer's memory stays one request's).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import socket
+import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 from tierec.config import ConfigError
+from tierec.serving.follow import RunFollower
 from tierec.serving.inputs import BadRowsError
 from tierec.serving.scorer import Scorer
 from tierec.version import tierec_version
@@ -45,8 +56,37 @@ def _require_extra() -> None:
         raise ConfigError(EXTRA) from None
 
 
-def build_app(scorer: Scorer) -> Any:
-    """The ASGI application serving ``scorer``."""
+class Served:
+    """The scorer being served: one reference, replaced whole by :meth:`swap` (on the event loop)."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+
+    def swap(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+
+
+async def follow_run(served: Served, follower: RunFollower, poll_s: float) -> None:
+    """Every ``poll_s`` seconds: what the followed run published since, taken up off the event loop, then swapped in.
+    A failure is one line on stderr (again only when it changes), and the server goes on serving what it has."""
+    said = ""
+    while True:
+        try:
+            newer = await asyncio.to_thread(follower.poll, served.scorer)
+            said = ""
+        except Exception as e:  # noqa: BLE001 - the server goes on serving what it has
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            line = f"tierec serve --follow: {type(e).__name__}: {first}; still serving step {served.scorer.origin.step}"
+            if line != said:
+                print(line, file=sys.stderr, flush=True)
+            said, newer = line, None
+        if newer is not None:
+            served.swap(newer)
+        await asyncio.sleep(poll_s)
+
+
+def build_app(scorer: Scorer, follower: RunFollower | None = None, poll_s: float = 1.0) -> Any:
+    """The ASGI application serving ``scorer``; with ``follower``, what its run publishes too."""
     _require_extra()
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -73,7 +113,7 @@ def build_app(scorer: Scorer) -> Any:
         if len(rows) > MAX_ROWS:
             return error(413, f"{len(rows):,} rows in one request; at most {MAX_ROWS:,}")
         try:
-            scores = scorer.score(rows)
+            scores = served.scorer.score(rows)
         except BadRowsError as e:
             return error(400, str(e))
         except Exception as e:  # noqa: BLE001 - a request must never see a traceback
@@ -85,26 +125,45 @@ def build_app(scorer: Scorer) -> Any:
         return JSONResponse({"status": "ok"})
 
     async def version(request: Request) -> JSONResponse:
-        return JSONResponse({**scorer.describe(), "server_tierec_version": tierec_version()})
+        return JSONResponse({**served.scorer.describe(), "server_tierec_version": tierec_version()})
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        task = asyncio.create_task(follow_run(served, follower, poll_s)) if follower is not None else None
+        yield
+        if task is not None:
+            task.cancel()
+
+    served = Served(scorer)
     routes = [Route("/score", score, methods=["POST"]), Route("/health", health, methods=["GET"]),
               Route("/version", version, methods=["GET"])]  # fmt: skip
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
-def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Load the export at ``path``, bind ``host:port`` (port 0: any free one) and serve until SIGINT or SIGTERM."""
+def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, follow: str | os.PathLike | None = None,
+          poll_s: float = 1.0) -> None:  # fmt: skip
+    """Load the export at ``path``, bind ``host:port`` (port 0: any free one) and serve until SIGINT or SIGTERM;
+    with ``follow`` (a run directory), take up what that run publishes, looking every ``poll_s`` seconds."""
     _require_extra()
     import uvicorn
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
-    app = build_app(Scorer.load(path))
-    sock = bind(host, port)  # here, so that a port in use is one line (uvicorn would log and exit with status 3)
-    bound = sock.getsockname()[1]
-    print(f"serving {path} on http://{host}:{bound} (POST /score, GET /health, GET /version)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    server.run(sockets=[sock])
+    if not poll_s > 0:
+        raise ConfigError(f"--poll must be a positive number of seconds, got {poll_s}")
+    with contextlib.ExitStack() as stack:
+        scorer = Scorer.load(path)
+        follower = None
+        if follow is not None:
+            follower = stack.enter_context(RunFollower(follow, echo=lambda line: print(line, flush=True)))
+            scorer = follower.start(scorer)
+        app = build_app(scorer, follower, poll_s)
+        sock = bind(host, port)  # here, so that a port in use is one line (uvicorn would log and exit with status 3)
+        bound = sock.getsockname()[1]
+        following = f"; following {follow}, every {poll_s:g} s" if follow is not None else ""
+        print(f"serving {path} on http://{host}:{bound} (POST /score, GET /health, GET /version){following}", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server.run(sockets=[sock])
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -63,7 +63,10 @@ def run_checkpoint(path: str | Path, last: bool = False) -> str:
 
 
 def has_validation(cfg: DataConfig) -> bool:
-    """Whether the data has a validation split (by the config alone; shards: their manifest)."""
+    """Whether the data has a validation split (by the config alone; shards: their manifest; a followed directory:
+    none, every row of its files trains)."""
+    if cfg.follow:
+        return False
     if cfg.source == "synthetic" or cfg.format == "synthetic":
         return cfg.synthetic.validation_rows > 0
     if cfg.format == "shards" or Path(cfg.source).is_dir():
@@ -76,8 +79,8 @@ def has_validation(cfg: DataConfig) -> bool:
 def with_validation(cfg: Config) -> Config:
     """``cfg`` with a validation split when periodic evaluations need one and none is configured:
     10% of a file, or as many synthetic rows as the test split (the run's config.toml records it)."""
-    if not cfg.train.eval_every or has_validation(cfg.data):
-        return cfg
+    if not cfg.train.eval_every or cfg.data.follow or has_validation(cfg.data):
+        return cfg  # (a followed directory is evaluated on data.test_source)
     if cfg.data.source == "synthetic" or cfg.data.format == "synthetic":
         synthetic = dataclasses.replace(cfg.data.synthetic, validation_rows=cfg.data.synthetic.test_rows)
         return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, synthetic=synthetic))

@@ -67,6 +67,8 @@ SAFE_ON_RESUME = (
     "train.nan_policy",
     "data.strict",
     "data.prefetch_batches",
+    "data.follow_poll_s",
+    "data.follow_settle_s",
     "dist.timeout_s",
     "dist.heartbeat_s",
     "dist.group_size",  # how the processes are grouped: checkpoints hold one replica, any mesh loads them

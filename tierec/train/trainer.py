@@ -42,9 +42,9 @@ from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
 from tierec.train.dense_stats import fit_dense_scaling
-from tierec.data.order import Shuffle
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
+from tierec.train.passes import EpochPasses, FollowPasses, resolve_format
 from tierec.train.pipeline import TrainPipeline
 from tierec.train.runfiles import RunFiles
 from tierec.train.sharded_checkpoint import is_sharded, restore_sharded
@@ -156,6 +156,7 @@ class Trainer:
         self.on_validation = on_validation
         self.test_at_end = test_at_end
         self._halted = False
+        self._passes: EpochPasses | FollowPasses | None = None  # what the loop trains (set when it starts)
 
     # ------------------------------------------------------------------ fit
 
@@ -170,6 +171,13 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         self.cfg = cfg = with_validation(self.cfg)
+        if cfg.data.follow:
+            if self.job.ctx.world_size > 1:
+                raise ConfigError("data.follow runs on 1 process for now; train a followed directory with --nproc 1")
+            resolved = resolve_format(cfg, self._stopping, self.echo)
+            if resolved is None:
+                self._stopped_waiting()
+            self.cfg = cfg = resolved
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         keep_heap()  # reuse freed activation buffers instead of page-faulting them in every step
@@ -191,11 +199,17 @@ class Trainer:
 
         # 1. data and model
         self._data = data = open_dataset(cfg.data)  # opened once: every epoch and evaluation reads through it
-        probe = data.source("train", cfg.train.batch_size)
+        bar: tqdm | None = None
+        say = lambda line: self.echo(line) if bar is None or bar.disable else bar.write(line)  # noqa: E731
+        self._passes = passes = FollowPasses(cfg, self._stopping, say) if cfg.data.follow else EpochPasses(cfg, data)
+        probe = passes.probe()
+        if probe is None:
+            self._stopped_waiting()
         parts = self._build(probe)
         pos = Position()
         if self.resume and checkpoint_dirs(ckpt_dir):
-            pos = self._load(parts, ckpt_dir)  # the model's dense scaling comes with it
+            pos, meta = self._load(parts, ckpt_dir)  # the model's dense scaling comes with it
+            passes.load(meta)
         else:
             if self.resume:
                 self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
@@ -204,8 +218,9 @@ class Trainer:
             if self.job.ctx.world_size > 1:
                 raise ConfigError("train.delta_every runs on 1 process for now; set it to 0 to train on several")
             track_changes(parts)  # from here on: changes since the publication resumed from, or since the start
-        total = self._total_steps(probe)
-        record_every = max(1, min(50, total // 100))  # train records: every 50 steps, or 100 records over a shorter run
+        total = passes.total_steps(probe)  # None: a followed directory, until stopped
+        end = math.inf if total is None else total
+        record_every = max(1, min(50, total // 100)) if total is not None else 50  # every 50 steps, or 100 records in all
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
 
         # 2. loop over steps
@@ -224,11 +239,12 @@ class Trainer:
         samples, busy, last_loss, full_loss = 0, 0.0, float("nan"), float("nan")
         first: tuple[int, float] | None = None  # (samples, seconds) of the first step, used only if it stays the only one
         eval_split = "validation" if has_validation(cfg.data) else "test"
-        done = pos.step >= total
+        done = pos.step >= end
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
         while not done:
-            shuffle = Shuffle(cfg.train.seed, pos.epoch, cfg.data.shuffle_buffer, cfg.data.shuffle_chunk_rows) if cfg.data.shuffle else None
-            source = data.source("train", cfg.train.batch_size, start_batch=pos.batch_in_epoch, shuffle=shuffle, epoch=pos.epoch)
+            source = passes.source(pos.epoch, pos.batch_in_epoch, pos.step)
+            if source is None:  # a stop was asked for while a followed directory had no new file
+                self._interrupt(parts, ckpt_dir, pos, bar, log)
             with closing(pipe.run(source)) as steps:
                 for step in steps:
                     t0 = time.perf_counter()
@@ -253,11 +269,11 @@ class Trainer:
                     bar.set_postfix(loss=f"{last_loss:.4f}", samples_s=f"{rate:,.0f}", rows=f"{rows:,}", refresh=False, **_prune_postfix(parts), **store.postfix(), **self.job.bytes_postfix())
                     if pruning:
                         self._log_prune(parts, log, pos, bar)
-                    if pos.step % record_every == 0 or pos.step == total:
+                    if pos.step % record_every == 0 or pos.step == end:
                         log.write({"kind": "train", "step": pos.step, "loss": last_loss, "samples_per_s": rate,
                                    "samples": samples, "busy_s": round(busy, 6), "embedding_rows": rows,
                                    "embedding_bytes": parts.embedding_bytes(), **store.record(), **self.job.bytes_record()})
-                    if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < total:
+                    if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step < end:
                         self._track_best(parts, self._eval(parts, log, pos, bar, eval_split), pos, eval_split)
                         done = bool(cfg.train.early_stop_patience) and pos.evals_since_best >= cfg.train.early_stop_patience
                         if done:
@@ -271,12 +287,15 @@ class Trainer:
                         self._save_delta(parts, ckpt_dir, pos)
                     if self._stop_requested():
                         self._interrupt(parts, ckpt_dir, pos, bar, log)
-                    if done or pos.step >= total:
+                    if done or pos.step >= end:
                         done = True
                         break
             if not done:
+                passes.finished()
                 pos.epoch += 1
                 pos.batch_in_epoch = 0
+                if passes.publishes_each_pass and cfg.train.delta_every and (self._published or (-1, -1))[1] < pos.step:
+                    self._save_delta(parts, ckpt_dir, pos)  # what the file taught, served before the next file comes
         bar.close()
         pipe.close()
         if parts.pruner is not None and cfg.prune.final_prune and first is not None and not parts.pruner.due(pos.step):
@@ -286,7 +305,8 @@ class Trainer:
 
         # 3. save; keep the best by validation AUC; evaluate test on it
         best: dict[str, Any] = {}
-        if eval_split != "validation":  # (the order of before: evaluate, then save)
+        result = None
+        if eval_split != "validation" and (not cfg.data.follow or cfg.data.test_source):  # (evaluate, then save)
             result = self._eval(parts, log, pos, None, "test")
         self._save_full(parts, ckpt_dir, pos)
         if eval_split == "validation":
@@ -329,6 +349,18 @@ class Trainer:
     def _own_dir(self, name: str) -> Path:
         """A directory of the run (created, checked not to be a link or the user's, on the writing rank)."""
         return self.files.directory(name) if self.is_main else self.run_dir / name
+
+    def _passes_meta(self) -> dict[str, Any]:
+        """What a checkpoint records of the passes (a followed directory: the files done)."""
+        return self._passes.checkpoint_meta() if self._passes is not None else {}
+
+    def _stopping(self) -> bool:
+        return self._stop_requested() is not None
+
+    def _stopped_waiting(self) -> None:
+        """A run stopped before the followed directory gave it a first file: nothing was trained."""
+        raise Interrupted(self._stop_requested() or 0, f"stopped while waiting for a first file in {self.cfg.data.source}; "
+                                                       "nothing was trained")  # fmt: skip
 
     def _stop_requested(self) -> int | None:
         """The signal that asked the run to stop (all ranks agree in a job), or None."""
@@ -414,21 +446,14 @@ class Trainer:
         finally:
             self.echo = echo
 
-    def _total_steps(self, probe) -> int:
-        t = self.cfg.train
-        if t.max_steps:
-            return t.max_steps
-        if probe.num_batches is None:
-            raise ValueError("the training data's length is unknown; set train.max_steps")
-        return probe.num_batches * t.epochs
-
     def _save(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         # rows streamed in chunks; on several processes every rank writes its own (a collective);
         # on a mesh of groups one replica (synced first): group 0's ranks
         writers = self.job.checkpoint_writers()
         if writers is not None:
             tensors, skeleton = snapshot_state(parts)
-            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+            meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), "saved_at": time.time(),
+                    **self._passes_meta(), **self.job.checkpoint_meta()}  # fmt: skip
             save_checkpoint(ckpt_dir, pos.step, tensors, meta, rows=row_chunks(parts), ctx=writers)
         self.job.checkpoint_written()
 
@@ -446,7 +471,8 @@ class Trainer:
             return
         base, previous = self._published
         tensors, skeleton, rows = delta_state(parts)
-        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), **self.job.checkpoint_meta()}
+        meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), "saved_at": time.time(),
+                **self._passes_meta(), **self.job.checkpoint_meta()}  # fmt: skip
         save_delta(ckpt_dir, pos.step, base, previous, tensors, meta, rows=rows)
         mark_changes(parts)
         self._published = (base, pos.step)
@@ -466,12 +492,13 @@ class Trainer:
             restore_checkpoint(parts, loaded, ctx.rank, ctx.world_size)
             return loaded.meta
 
-    def _load(self, parts: Components, ckpt_dir: Path) -> Position:
+    def _load(self, parts: Components, ckpt_dir: Path) -> tuple[Position, dict]:
+        """The state of the newest intact checkpoint in ``ckpt_dir`` (and its deltas); its position and meta."""
         if not checkpoint_dirs(ckpt_dir):
             self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
-            return Position()
+            return Position(), {}
         meta = load_newest_intact(ckpt_dir, lambda ckpt: self._restore_with_deltas(parts, ckpt), self.echo)
         self.job.resumed_at(int(meta["position"]["step"]))
         pos = Position(**meta["position"])
         self.echo(f"resumed from step {pos.step} (epoch {pos.epoch}, batch {pos.batch_in_epoch}) on {self.job.ctx.world_size} process(es)")
-        return pos
+        return pos, meta

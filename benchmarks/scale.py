@@ -93,7 +93,7 @@ def _common(rows: int, scale: float, zipf: float, dim: int, batch: int) -> list[
 
 
 def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fraction: float,
-              disk: str, work: Path) -> None:
+              disk: str, work: Path, store_set: tuple[str, ...] = ()) -> None:
     """One of ``STAGES``, into ``work`` (each stage is one process run; a stage reads what the previous wrote)."""
     steps = rows // batch
     common = _common(rows, scale, zipf, dim, batch)
@@ -109,7 +109,8 @@ def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch:
     ids = json.loads((work / "memory" / "summary.json").read_text())["embedding_rows"]
     budget = int(budget_fraction * ids * 4 * (dim + 1))
     def store(b: int, where: str) -> list[str]:
-        return ["store.enabled=true", f"store.memory_budget={b}", f"store.cache_size={b // 2}", f"store.disk_path={where}"]
+        return ["store.enabled=true", f"store.memory_budget={b}", f"store.cache_size={b // 2}", f"store.disk_path={where}",
+                *store_set]
 
     if stage == "tiered":
         _, wall = _train(work / "tiered", common + store(budget, disk) + [f"train.max_steps={steps // 2}"])
@@ -183,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="write the result here too")
     p.add_argument("--stage", choices=("all", *STAGES, "report"), default="all",
                    help="run one stage (memory, then tiered, then resumed, then two: each one run) or all; then report")
+    p.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="another store.* setting of the tiered stages (repeatable), e.g. store.prefetch=false")
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix="tierec-scale-"))
     shape = (a.rows, a.scale, a.zipf, a.dim, a.batch)
     for stage in STAGES if a.stage == "all" else () if a.stage == "report" else (a.stage,):
-        run_stage(stage, *shape, a.budget_fraction, a.disk or tempfile.gettempdir(), work)
+        run_stage(stage, *shape, a.budget_fraction, a.disk or tempfile.gettempdir(), work, tuple(a.store_set))
         if stage == "tiered":
             report(*shape, a.budget_fraction, work)  # keeps the first half's summary
     res = report(*shape, a.budget_fraction, work)

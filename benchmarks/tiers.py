@@ -176,6 +176,8 @@ class _Runner:
                 f"store.disk_path={disk_dir}",
                 f"store.io_threads={a.io_threads}",
                 f"store.cold_precision={a.cold_precision}",
+                f"store.prefetch={str('+prefetch' in mode).lower()}",  # the windows' memory comes out of the budget
+                f"store.prefetch_depth={int(mode.split('+prefetch')[1] or 1) if '+prefetch' in mode else 1}",
                 *a.store_set,
             ]
         cfg = load_config(None, over)

@@ -111,7 +111,7 @@ def test_training_with_store_and_pruning_matches_pruning_alone(tmp_path: Path) -
     assert emb and all(torch.equal(a[k], b[k]) for k in emb)
 
 
-@pytest.mark.parametrize("bad", ["store.admit_after=3", "store.max_rows=100", "store.ttl_steps=10", "store.prefetch=true"])
+@pytest.mark.parametrize("bad", ["store.admit_after=3", "store.max_rows=100", "store.ttl_steps=10"])
 def test_row_level_store_policies_are_refused_with_pruning(bad: str) -> None:
     cfg = load_config(None, SMALL + ["store.enabled=true", "store.cache_size=4KiB", bad])
     with pytest.raises(ConfigError, match=bad.split("=")[0]):

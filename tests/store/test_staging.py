@@ -89,7 +89,7 @@ def test_training_with_a_read_ahead_window_equals_training_without(tmp_path, pre
 
 
 def test_the_windows_stay_within_their_share_of_the_budget(tmp_path) -> None:
-    rec = 4 * (DIM + 2) + 25  # a disk record with its lid header, plus row, slot, epoch and flag
+    rec = 4 * (DIM + 2) + 33  # a disk record with its lid header, plus row, slot, epoch, until and flag
     g = _group(tmp_path, stage_bytes=3 * rec)
     _look(g, np.arange(8))
     _look(g, np.arange(8, 16))
@@ -100,7 +100,7 @@ def test_the_windows_stay_within_their_share_of_the_budget(tmp_path) -> None:
 
 
 def test_the_budget_makes_room_for_the_windows() -> None:
-    from tierec.config import ConfigError, load_config
+    from tierec.config import load_config
     from tierec.store.plan import StorePlan
 
     def spec(*over: str):
@@ -108,8 +108,10 @@ def test_the_budget_makes_room_for_the_windows() -> None:
         tables = [TableConfig(name="t", dim=DIM, features=["f"])]
         return StorePlan(cfg.store, [tables]).spec_for(tables)
 
-    plain, ahead = spec(), spec("store.prefetch=true")
+    plain, ahead = spec("store.prefetch=false"), spec()  # on by default
     assert plain.stage_bytes is None and plain.host_bytes == 48 << 20
     assert ahead.stage_bytes == 8 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20
-    with pytest.raises(ConfigError, match="store.prefetch reads rows ahead"):
-        spec("store.prefetch=true", "store.host_size=48MiB")
+    full = spec("store.host_size=48MiB")  # sizes that leave nothing: no reading ahead
+    assert full.stage_bytes == 0 and full.host_bytes == 48 << 20
+    partial = spec("store.host_size=40MiB")
+    assert partial.stage_bytes == 8 << 20

@@ -451,7 +451,7 @@ class PrunedGroup:
     def tier_stores(self) -> list:
         return self.chunks.tier_stores()
 
-    def prefetcher(self) -> None:  # the store's pipeline does not cover chunks (store.prefetch is refused)
+    def prefetcher(self) -> None:  # the store's pipeline does not cover chunks (their chunks are read on demand)
         return None
 
     def pruning(self) -> PrunedGroup:

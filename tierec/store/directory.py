@@ -46,6 +46,7 @@ import numpy as np
 from tierec.embedding.arena import GrowableArray, resident_bytes
 from tierec.embedding.hash_index import table_dtype
 from tierec.embedding.kernels import home_slot, key_hash
+from tierec.embedding.prefetch import AHEAD, prefetch_row
 from tierec.sizes import release_free_memory
 
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
@@ -80,8 +81,18 @@ def _slots_for(rows: int, load: float) -> int:
 
 @nb.njit(cache=True, nogil=True)
 def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
+    """A probe costs two cache misses (the slot, then its row's key): the slot of key ``i + 2A`` and the key of
+    ``i + A``'s slot are asked for ahead, so a batch's misses overlap instead of queueing."""
     n = np.uint64(slots.shape[0])
-    for i in range(keys.shape[0]):
+    m = keys.shape[0]
+    for i in range(m):
+        if i + 2 * AHEAD < m:
+            prefetch_row(slots, home_slot(key_hash(np.int32(tabs[i + 2 * AHEAD]), keys[i + 2 * AHEAD]), n))
+        if i + AHEAD < m:
+            ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
+            if ahead >= 0:
+                prefetch_row(lid_keys, ahead)
+                prefetch_row(lid_tabs, ahead)
         k = keys[i]
         t = tabs[i]
         s = home_slot(key_hash(np.int32(t), k), n)

@@ -119,6 +119,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.state = new_state(self.optimizer, self.capacity + 1, self.dim, self.device)
         self.slot_lid = np.full(self.capacity + 1, -1, dtype=np.int32)  # [C+1] lid in each slot
         self.pin = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
+        self.keep = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] a later lookup of the read-ahead window needs it
         self.dirty = np.zeros(self.capacity + 1, dtype=bool)  # [C+1] changed since it came up
         self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
         self._n_free_slots = self.capacity
@@ -197,12 +198,16 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
 
-    def stage(self, keys: np.ndarray, tabs: np.ndarray) -> int | None:
+    def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
         needs; returns a token for :meth:`release_staged` (None when nothing had to be read).
 
         Only rows that live on disk and are not in the fast tier (nor staged already) are read, on the
-        disk tier's read-ahead threads; this returns at once and changes nothing but the staging area.
+        disk tier's read-ahead threads; this returns at once. ``next_use`` [U]: for each pair, how many
+        lookups from now the window last needs it (1 = the next lookup). With fp32 cold rows the fast
+        tier then keeps those rows, and the rows read ahead once they come up, until that lookup unless
+        a lookup needs their slots (eviction by next use inside the window, the hotness outside it);
+        with a lossy codec placement changes numbers, so the window only reads ahead.
         """
         if self.disk is None:
             return None
@@ -211,18 +216,30 @@ class TieredGroup(Policies, TierState, TableGroup):
             try:
                 d = self.index
                 lids = d.find(keys, tabs)
-                lids = lids[lids >= 0]
-                lids = lids[(d.cslot[lids] < 0) & (d.loc[lids] == LOC_DISK)]
-                lids = lids[self.staging.not_staged(lids)]
+                known = lids >= 0
+                lids = lids[known]
+                cs = d.cslot[lids]
+                until = None
+                if next_use is not None and not self.codec.lossy:
+                    until = self.clock + next_use[known].astype(np.int64)
+                    res = cs >= 0
+                    np.maximum.at(self.keep, cs[res].astype(np.int64), until[res])
+                away = (cs < 0) & (d.loc[lids] == LOC_DISK)
+                lids = lids[away]
+                until = until[away] if until is not None else None
+                fresh = self.staging.not_staged(lids)
+                lids, until = lids[fresh], (until[fresh] if until is not None else None)
                 if self.spec.stage_bytes is not None:  # the earliest batches' rows first (keys come in batch order)
-                    room = (self.spec.stage_bytes - self.staging.nbytes()) // (4 * self.disk.rec_floats + 25)  # record, row, slot, epoch, used
+                    room = (self.spec.stage_bytes - self.staging.nbytes()) // (4 * self.disk.rec_floats + 33)  # record, row, slot, epoch, until, used
                     self.staging.stats.dropped_rows += max(lids.size - max(room, 0), 0)
-                    lids = lids[: max(room, 0)]
-                lids = np.sort(lids)
+                    lids, until = lids[: max(room, 0)], (until[: max(room, 0)] if until is not None else None)
+                order = np.argsort(lids, kind="stable")
+                lids = lids[order]
+                until = until[order] if until is not None else np.full(lids.size, -1, dtype=np.int64)
                 if lids.size == 0:
                     return None
                 slots = d.home[lids].astype(np.int64)
-                return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots))
+                return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots), until)
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
 
@@ -245,8 +262,9 @@ class TieredGroup(Policies, TierState, TableGroup):
     def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         return False  # the update skips the shared zero slot: always the two-pass backward
 
-    def prefetcher(self) -> TieredGroup:
-        return self
+    def prefetcher(self) -> TieredGroup | None:
+        # host rows are a copy away: nothing to read ahead; nor with no memory left for it
+        return self if self.disk is not None and self.spec.stage_bytes != 0 else None
 
     def tier_stores(self) -> list[TieredGroup]:
         return [self]
@@ -306,7 +324,9 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
         score = self.index.resident_scores(self.spec.cache_policy is CachePolicy.LFU)
-        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score)
+        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, self.keep)
+        if slots.size < required:  # rows kept for the window give way before a lookup fails
+            slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, self.keep, soft=True)
         if slots.size < required and not best_effort:
             pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
             raise CacheCapacityError(
@@ -329,6 +349,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.slot_lid[slots] = -1
         self.dirty[slots] = False
         self.pin[slots] = 0
+        self.keep[slots] = 0
         self._push_free(slots)
         self._count(Counter.EVICTED, d.tabs[lids])
 
@@ -388,7 +409,9 @@ class TieredGroup(Policies, TierState, TableGroup):
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            self._scatter(slots[on_disk], self.codec.decode(self._read_disk(lids[on_disk])))
+            payload, until = self._read_disk(lids[on_disk])
+            self._scatter(slots[on_disk], self.codec.decode(payload))
+            self.keep[slots[on_disk]] = until  # rows read ahead for a later batch of the window too
             self.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
@@ -399,21 +422,23 @@ class TieredGroup(Policies, TierState, TableGroup):
         d.cslot[lids] = slots
         self.slot_lid[slots] = lids
 
-    def _read_disk(self, lids: np.ndarray) -> np.ndarray:
-        """Payloads [n, words] of rows ``lids`` from their disk homes: records read ahead where still current,
-        the rest read now."""
+    def _read_disk(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk homes: records read ahead where
+        still current (with the lookup their window needs them until), the rest read now (-1)."""
         homes = self.index.home[lids].astype(np.int64)
-        found, staged = self.staging.take(lids, homes, self.disk.epochs(homes))
+        found, staged, until = self.staging.take(lids, homes, self.disk.epochs(homes))
+        keep = np.full(lids.size, -1, dtype=np.int64)
         if not found.any():
-            return self.disk.read(homes, lids)
+            return self.disk.read(homes, lids), keep
         self.disk.check_lids(homes[found], staged[:, 0].copy().view(np.int32), lids[found])
         out = np.empty((lids.size, self.disk.width), dtype=np.float32)
         out[found] = staged[:, 1:]
+        keep[found] = until
         rest = np.flatnonzero(~found)
         if rest.size:
             out[rest] = self.disk.read(homes[rest], lids[rest])
         self._count(Counter.PREFETCHED, self.index.tabs[lids[found]])
-        return out
+        return out, keep
 
     def _columns(self) -> list[tuple[np.ndarray, int]]:
         """The fast tier's arrays as 2-D numpy views with their first column in a record (CPU only)."""
@@ -517,6 +542,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         cs = np.sort(cs[cs >= 0])  # freed in slot order, not lid order: a resumed run numbers lids anew
         self.slot_lid[cs] = -1
         self.pin[cs] = 0
+        self.keep[cs] = 0
         self.dirty[cs] = False
         self._push_free(cs)
         loc = d.loc[lids]
@@ -530,7 +556,7 @@ class TieredGroup(Policies, TierState, TableGroup):
     def nbytes(self) -> int:
         """Bytes of RAM: fast tier, host rows, directory, sketch and disk bookkeeping."""
         total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
-        total += self.slot_lid.nbytes + self.pin.nbytes + self.dirty.nbytes + self._free_slots.nbytes
+        total += self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self._free_slots.nbytes
         total += self.index.nbytes() + self.counters.nbytes
         if self.host is not None:
             total += self.host.nbytes()

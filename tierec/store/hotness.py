@@ -85,13 +85,12 @@ def coin(keys, tabs, seed, step, out):
 
 
 @nb.njit(cache=True, nogil=True)
-def _evictable(slot_lid, pin, clock, score_of_slot, out_slots, out_scores):
+def _evictable(slot_lid, pin, keep, clock, score_of_slot, soft, out_slots, out_scores):
     n = 0
     for s in range(1, slot_lid.shape[0]):  # slot 0 holds the shared zero row
-        lid = slot_lid[s]
-        if lid < 0:
+        if slot_lid[s] < 0 or pin[s] >= clock:
             continue
-        if pin[s] >= clock:
+        if keep[s] >= clock and not soft:
             continue
         out_scores[n] = np.float64(score_of_slot[s])
         out_slots[n] = s
@@ -99,14 +98,17 @@ def _evictable(slot_lid, pin, clock, score_of_slot, out_slots, out_scores):
     return n
 
 
-def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(slots, scores) of occupied slots not pinned by the batch in flight.
+def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, keep: np.ndarray | None = None,
+              soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, scores) of occupied slots not pinned by the batch in flight, nor kept for a later batch of the
+    read-ahead window (``keep`` [C+1]: the lookup they are kept until) unless ``soft``.
 
     ``score`` [C+1] is per fast-tier slot (the directory keeps resident rows' counts by slot).
     """
     slots = np.empty(slot_lid.shape[0], dtype=np.int64)
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
-    n = _evictable(slot_lid, pin, np.int64(clock), score, slots, scores)
+    keep = np.zeros(slot_lid.shape[0], dtype=np.int64) if keep is None else keep
+    n = _evictable(slot_lid, pin, keep, np.int64(clock), score, soft, slots, scores)
     return slots[:n], scores[:n]
 
 

@@ -95,6 +95,13 @@ class StoreMonitor:
         tot["disk_file_bytes"] = sum(g.disk_bytes() for g in self.groups)
         return tot
 
+    def describe(self) -> str:
+        """One line on the read-ahead stage, or "" when there is none."""
+        if self.pipeline is None or not self.pipeline.targets:
+            return ""
+        return (f"store: reading disk rows ahead in windows of {self.pipeline.depth} batches "
+                "(store.prefetch, store.prefetch_depth; an eighth of store.memory_budget holds them)")
+
     def pipeline_stats(self) -> dict[str, float]:
         if self.pipeline is None:
             return {"wait_s": 0.0, "staged_rows": 0}

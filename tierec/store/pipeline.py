@@ -6,7 +6,9 @@ windows: when batch ``t`` (a multiple of k) is handed on, the rows of batches
 group's :meth:`~tierec.store.group.TieredGroup.stage`, which reads the ones
 that live only on disk on its read-ahead threads, as one set (neighbouring
 records share a read), while batches ``t .. t + k - 1`` compute. A window is
-dropped once its last batch has been looked up. The stage has no thread of
+dropped once its last batch has been looked up. Between windows, before each
+batch ``t`` the rows of batch ``t + 1`` that left the fast tier for disk since
+its window was read are read ahead too (a step ahead). The stage has no thread of
 its own: it runs on the caller's between steps, and the reads wait on the
 device beside the compute.
 
@@ -81,13 +83,14 @@ class StorePipeline:
             "depth": self.depth,
         }
 
-    def stage(self, window: list[Any]) -> list[tuple[Any, int]]:
-        """Start the reads of a window of batches in every tiered group; (group, token) of each."""
+    def stage(self, window: list[Any], first: int) -> list[tuple[Any, int]]:
+        """Start the reads of a window of batches, the first of them ``first`` lookups from now, in every tiered
+        group; (group, token) of each."""
         t0 = time.perf_counter()
         tokens = []
         for t in self.targets:
-            keys, tabs = [], []
-            for batch in window:
+            keys, tabs, at = [], [], []
+            for j, batch in enumerate(window):
                 sparse = batch.sparse if hasattr(batch, "sparse") else batch
                 for f, ti in t.features:
                     if f not in sparse.keys:
@@ -96,10 +99,13 @@ class StorePipeline:
                     ids = sparse.values[lo:hi].numpy()
                     keys.append(ids)
                     tabs.append(np.full(ids.shape[0], ti, dtype=np.int32))
+                    at.append(np.full(ids.shape[0], first + j, dtype=np.int32))
             if not keys:
                 continue
-            k, tb, _ = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs))
-            token = t.group.stage(k, tb)
+            k, tb, inverse = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs))
+            next_use = np.zeros(k.shape[0], dtype=np.int32)
+            np.maximum.at(next_use, inverse, np.concatenate(at))  # the window's last use of each row
+            token = t.group.stage(k, tb, next_use)
             if token is not None:
                 tokens.append((t.group, token))
         self.stage_s += time.perf_counter() - t0
@@ -124,23 +130,28 @@ class StorePipeline:
                     break
             self.wait_s += time.perf_counter() - t0
 
+        topped: deque[list[tuple[Any, int]]] = deque()  # per batch: rows of the next batch read since its window
         try:
             pull(k)
-            windows.append(self.stage(list(ahead)))  # the first window: read now, waited for by its lookups
+            windows.append(self.stage(list(ahead), 1))  # the first window: read now, waited for by its lookups
             t = 0
             while True:
                 if t % k == 0:
                     if t:  # the previous window's batches are all looked up
                         self._release(windows.popleft())
                     pull(2 * k)
-                    windows.append(self.stage(list(ahead)[k : 2 * k]))
+                    windows.append(self.stage(list(ahead)[k : 2 * k], k + 1))  # batch t is the next lookup
                 if not ahead:
                     return
+                while len(topped) > 1:  # batch t - 1 is looked up
+                    self._release(topped.popleft())
+                if t % k and len(ahead) > 1:  # rows of batch t + 1 that went to disk after its window was read
+                    topped.append(self.stage([ahead[1]], 2))
                 t += 1
                 self.batches += 1
                 yield ahead.popleft()
         finally:
-            for w in windows:
+            for w in (*windows, *topped):
                 self._release(w)
             for t in self.targets:
                 t.group.release_staged()

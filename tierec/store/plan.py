@@ -38,7 +38,8 @@ from tierec.store.spec import TierSpec
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
-STAGE_SHARE = 8  # store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows)
+STAGE_SHARE = 8  # store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows),
+# or what cache_size + host_size leave of it when both are given
 
 
 @dataclass(kw_only=True)
@@ -58,9 +59,11 @@ def record_bytes(t: TableConfig) -> int:
 
 
 class StorePlan:
-    def __init__(self, cfg: StoreConfig, collections: list[list[TableConfig]]) -> None:
-        """``collections``: the tables of every collection the run builds (for the budget split)."""
+    def __init__(self, cfg: StoreConfig, collections: list[list[TableConfig]], read_ahead: bool = True) -> None:
+        """``collections``: the tables of every collection the run builds (for the budget split); ``read_ahead``:
+        whether ``store.prefetch`` applies (not to pruned tables: their chunks are read on demand)."""
         self.cfg = cfg
+        self.read_ahead = read_ahead and cfg.prefetch
         self.enabled = cfg.enabled
         self._override = {o.name: o for o in cfg.tables}
         known = {t.name for ts in collections for t in ts}
@@ -81,7 +84,7 @@ class StorePlan:
         collections = [tables_from_config(cfg.embedding, feature_names)]
         if has_first_order(cfg.model, n_dense):
             collections.append(tables_from_config(cfg.embedding, feature_names, dim=1, suffix=".wide"))
-        return cls(cfg.store, collections)
+        return cls(cfg.store, collections, read_ahead=not cfg.prune.enabled)
 
     def tables(self, tables: list[TableConfig]) -> list[TableConfig]:
         """The tables tagged with their store (unchanged when tiering is off)."""
@@ -126,16 +129,14 @@ class StorePlan:
         if budget is not None:
             if cache > budget:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
-            if cfg.prefetch and disk:
+            if self.read_ahead and disk:
                 stage = budget // STAGE_SHARE if host is None else budget - cache - host
             if host is None:
                 host = budget - cache - (stage or 0)
             elif cache + host > budget:
                 raise ConfigError(f"{where}: cache_size + host_size ({cache + host} B) exceed memory_budget ({budget} B)")
-            if stage is not None and stage < budget // (4 * STAGE_SHARE):
-                raise ConfigError(f"{where}: store.prefetch reads rows ahead into memory that counts in memory_budget, but "
-                                  f"cache_size + host_size leave {format_size(stage)} of {format_size(budget)}: "
-                                  f"leave at least {format_size(budget // (4 * STAGE_SHARE))} (an eighth is the default)")
+            if stage is not None:
+                stage = max(stage, 0)  # cache_size + host_size given: the rest (none: no reading ahead)
         if host == 0 and not disk:
             raise ConfigError(f"{where}: host_size is 0 and there is no disk_path: rows would have nowhere to go")
 
@@ -175,7 +176,5 @@ def _check_with_pruning(cfg: StoreConfig) -> None:
             f"{used} act on whole rows, but with prune.enabled the tiers hold chunks of rows: "
             "turn them off (pruning itself forgets rows pruned to no dims: prune.evict_empty_rows)"
         )
-    if cfg.prefetch:
-        raise ConfigError("store.prefetch does not cover pruned tables yet: turn store.prefetch or prune.enabled off")
     if cfg.cold_precision != "fp32":
         raise ConfigError("store.cold_precision other than fp32 does not cover pruned tables: set it to fp32 or prune.enabled = false")

@@ -131,7 +131,7 @@ class Policies:
         n = min(self._n_free_slots, hot.size)
         rest = hot[n:]
         if rest.size:
-            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True))
+            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True), self.keep)
             cold = np.sort(scores[hotness.lowest(scores, rest.size)])
             k = min(rest.size, cold.size)
             n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix

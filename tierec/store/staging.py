@@ -35,6 +35,7 @@ class _Window:
     slots: np.ndarray  # [n] their disk slots when staged
     epochs: np.ndarray  # [n] the slots' segment epochs when staged
     read: PendingRead  # records in the order of ``lids``
+    until: np.ndarray  # [n] the lookup the window last needs each row at (-1: not kept)
     used: np.ndarray = field(default=None)  # [n] bool: taken by a lookup
 
 
@@ -62,8 +63,8 @@ class Staging:
         return sum(w.lids.size for w in self._windows.values())
 
     def nbytes(self) -> int:
-        """Bytes held: per row its record (with the lid header), three int64 (row, slot, epoch) and a flag."""
-        return sum(w.read.nbytes + w.lids.nbytes * 3 + w.used.nbytes for w in self._windows.values())
+        """Bytes held: per row its record (with the lid header), four int64 (row, slot, epoch, until) and a flag."""
+        return sum(w.read.nbytes + w.lids.nbytes * 4 + w.used.nbytes for w in self._windows.values())
 
     def not_staged(self, lids: np.ndarray) -> np.ndarray:
         """[n] bool: rows no window holds yet."""
@@ -72,19 +73,19 @@ class Staging:
             out &= ~_member(w.lids, lids)[0]
         return out
 
-    def add(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead) -> int:
+    def add(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead, until: np.ndarray) -> int:
         """File a pending read of rows ``lids`` (sorted) at ``slots``; returns the window's token."""
         token = self._next
         self._next += 1
-        self._windows[token] = _Window(lids, slots, epochs, read, np.zeros(lids.size, dtype=bool))
+        self._windows[token] = _Window(lids, slots, epochs, read, until, np.zeros(lids.size, dtype=bool))
         self.stats.staged_rows += int(lids.size)
         return token
 
-    def take(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(found [n] bool, records [found, 1 + W]) of rows ``lids`` whose home is ``slots`` with ``epochs``
-        now, from the windows whose copy is still current (the newest window first)."""
+    def take(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found [n] bool, records [found, 1 + W], until [found]) of rows ``lids`` whose home is ``slots`` with
+        ``epochs`` now, from the windows whose copy is still current (the newest window first)."""
         found = np.zeros(lids.size, dtype=bool)
-        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for w in reversed(list(self._windows.values())):
             todo = np.flatnonzero(~found)
             if todo.size == 0:
@@ -94,14 +95,14 @@ class Staging:
             if not hit.any():
                 continue
             rec = w.read.result()
-            parts.append((todo[hit], rec[pos[hit]]))
+            parts.append((todo[hit], rec[pos[hit]], w.until[pos[hit]]))
             found[todo[hit]] = True
             w.used[pos[hit]] = True
         if not parts:
-            return found, np.empty((0, 0), dtype=np.float32)
+            return found, np.empty((0, 0), dtype=np.float32), np.empty(0, dtype=np.int64)
         idx = np.concatenate([p[0] for p in parts])
-        rec = np.concatenate([p[1] for p in parts])
-        return found, rec[np.argsort(idx)]  # in the order of the found rows
+        order = np.argsort(idx)  # in the order of the found rows
+        return found, np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
     def release(self, token: int) -> None:
         """Drop a window (its batches were looked up, or will not come)."""

@@ -159,6 +159,7 @@ class TierState:
         self.slot_lid[slots] = lids
         self.dirty[slots] = True  # no copy in a slower tier
         self.pin[slots] = 0
+        self.keep[slots] = 0
         self._restack_free()
 
     def _restack_free(self) -> None:

@@ -222,6 +222,8 @@ class Trainer:
         end = math.inf if total is None else total
         record_every = max(1, min(50, total // 100)) if total is not None else 50  # every 50 steps, or 100 records in all
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
+        if store.describe() and self.job.is_main:
+            self.echo(store.describe())
 
         # 2. loop over steps
         # A terminal gets a live bar; a log file gets a line every 30 s at most.

@@ -197,10 +197,10 @@ def test_a_config_error_under_nproc_is_one_line_before_any_rank_starts(tmp_path:
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE.format(marks=str(marks)))
     cmd = [sys.executable, "-m", "tierec", "train", "--nproc", "2", "--run-dir", str(tmp_path / "run"),
-           "--set", "dist.hot_rows=256", "--set", "prune.enabled=true"]
+           "--set", "dist.backend=nccl"]  # several CPU processes: refused by the job's config check
     done = subprocess.run(cmd, env=_env(str(hook)), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("tierec: error: dist.hot_rows"), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("tierec: error: dist.backend"), done.stderr
     assert not list(marks.iterdir())  # no rank was started
     assert not (tmp_path / "run").exists()
 

@@ -631,8 +631,6 @@ class Config:
             raise ConfigError(f"format = {self.format}: this tierec reads configs of format {CONFIG_FORMAT}")
         if self.data.follow and self.train.eval_every and not self.data.test_source:
             raise ConfigError("train.eval_every with data.follow evaluates on data.test_source: set it, or eval_every = 0")
-        if self.train.delta_every and self.prune.enabled:
-            raise ConfigError("train.delta_every does not work with prune.enabled yet (pruned rows are not tracked); turn one off")
         if self.train.delta_every and self.store.cold_precision != "fp32":
             raise ConfigError(f"train.delta_every needs store.cold_precision = \"fp32\" (a lossy codec changes rows as they "
                               f"move between tiers), got {self.store.cold_precision!r}")

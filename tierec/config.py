@@ -375,6 +375,8 @@ class TrainConfig:
     # Every delta_every steps between full checkpoints, publish a delta checkpoint (checkpoints/delta_<step>_of_<base>):
     # only the rows changed and the ids deleted since the last publication, plus the small dense state;
     # --resume restores the newest full checkpoint plus its deltas (tierec/train/delta.py). 0 = off.
+    # Any storage (plain, tiered, pruned), on 1 or several processes; not with a lossy store.cold_precision
+    # nor on a mesh of groups (dist.group_size).
     delta_every: int = 0
     seed: int = 0  # seed of the initialisation, the data order and dropout
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default

@@ -23,9 +23,13 @@ def _restored(over: list[str], run_dir: Path, full: str, out: Path) -> list[dict
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
-@pytest.mark.parametrize("tiered", [False, True])
-def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, tiered: bool) -> None:
-    over = SMALL + ["train.eval_every=0", "train.max_steps=9"]
+HOT = ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dist.hot_min_share=0.01"]  # replicas
+
+
+@pytest.mark.parametrize("storage", ["plain", "tiered", "hot"])
+def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, storage: str) -> None:
+    tiered = storage == "tiered"
+    over = SMALL + ["train.eval_every=0", "train.max_steps=9"] + (HOT if storage == "hot" else [])
     if tiered:
         over += TIERED + [f"store.disk_path={tmp_path / 'disk'}"]
     # step 2 (full: no base yet), 4 (delta of 2), 5 (full), 6, 8 (deltas of 5), 9 (the end: full)
@@ -54,3 +58,11 @@ def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, tie
                 assert bool(torch.isclose(a[k], b[k], rtol=0.15).all()), (r, k)
             else:
                 assert torch.equal(a[k], b[k]), (r, k)
+
+
+def test_a_mesh_of_groups_is_refused_in_one_line(tmp_path: Path) -> None:
+    over = SMALL + ["train.max_steps=2", "train.delta_every=1", "dist.group_size=1"]  # 2 groups of 1 rank
+    codes = spawn(train_worker, 2, (over, str(tmp_path / "run"), False), check=False, log_dir=tmp_path)
+    assert all(codes)
+    log = (tmp_path / "rank0.log").read_text()
+    assert "train.delta_every does not run on a mesh of groups yet; set dist.group_size = 0" in log

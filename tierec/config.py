@@ -375,6 +375,8 @@ class TrainConfig:
     # Every delta_every steps between full checkpoints, publish a delta checkpoint (checkpoints/delta_<step>_of_<base>):
     # only the rows changed and the ids deleted since the last publication, plus the small dense state;
     # --resume restores the newest full checkpoint plus its deltas (tierec/train/delta.py). 0 = off.
+    # Any storage (plain, tiered, pruned), on 1 or several processes; not with a lossy store.cold_precision
+    # nor on a mesh of groups (dist.group_size).
     delta_every: int = 0
     seed: int = 0  # seed of the initialisation, the data order and dropout
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
@@ -633,8 +635,6 @@ class Config:
             raise ConfigError(f"format = {self.format}: this tierec reads configs of format {CONFIG_FORMAT}")
         if self.data.follow and self.train.eval_every and not self.data.test_source:
             raise ConfigError("train.eval_every with data.follow evaluates on data.test_source: set it, or eval_every = 0")
-        if self.train.delta_every and self.prune.enabled:
-            raise ConfigError("train.delta_every does not work with prune.enabled yet (pruned rows are not tracked); turn one off")
         if self.train.delta_every and self.store.cold_precision != "fp32":
             raise ConfigError(f"train.delta_every needs store.cold_precision = \"fp32\" (a lossy codec changes rows as they "
                               f"move between tiers), got {self.store.cold_precision!r}")

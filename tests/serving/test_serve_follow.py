@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from serving_helpers import REPO, call as _call, clicks_config, csv_records, free_port as _free_port, storage_config, train, write_clicks_csv
 from tierec.config import ConfigError
@@ -53,13 +54,18 @@ def _reference(ckpt: Path, out: Path, precision: str) -> Scorer:
     return Scorer.load(out)
 
 
-@pytest.mark.parametrize(("storage", "precision"), [("plain", "fp32"), ("tiered", "int8"), ("plain", "fp16")])
+@pytest.mark.parametrize(("storage", "precision"),
+                         [("plain", "fp32"), ("tiered", "int8"), ("plain", "fp16"), ("pruned", "fp32"), ("pruned", "int8")])
 def test_deltas_then_a_full_checkpoint_score_as_exports_of_them(tmp_path: Path, storage: str, precision: str) -> None:
     over, run, ex4 = _setup(tmp_path, storage, precision)
     names = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(("step_", "delta_")))
     assert names == ["delta_00000006_of_00000004", "delta_00000008_of_00000004", "step_00000004", "step_00000008"]
     if storage == "tiered":  # expired rows: the deltas delete ids, and serving must drop them
         assert load_checkpoint(run / "checkpoints" / names[1])[0]["deleted/emb/user"].numel() > 0
+    if storage == "pruned":  # pruned at step 8: the delta's rows are at their own dims, as the export's
+        delta8 = load_checkpoint(run / "checkpoints" / names[1])[0]
+        dims = torch.cat([v for k, v in delta8.items() if k.startswith("emb/") and k.endswith(".dims")])
+        assert dims.numel() and int(dims.min()) < 8
     step8 = _aside(run, "step_00000008", tmp_path)
     records = csv_records(tmp_path / "clicks.csv")
     said: list[str] = []

@@ -61,8 +61,18 @@ def _state(cfg, run_dir: Path, full: str) -> dict[str, torch.Tensor]:
         order = torch.argsort(ids)
         for key in chunks[0]:
             if key != "store.slot":
-                out[f"{label}.{key}"] = torch.cat([c[key] for c in chunks])[order]
+                out[f"{label}.{key}"] = _by_id(torch.cat([c[key] for c in chunks]), order, chunks, key)
     return out
+
+
+def _by_id(values: torch.Tensor, order: torch.Tensor, chunks: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
+    """A record field in id order; a pruned row's ``chunked.*`` values (its own dims' worth) move with it."""
+    if not key.startswith("chunked."):
+        return values[order]
+    dims = torch.cat([c["dims"] for c in chunks]).long()
+    per_row = (dims * values.numel() // max(int(dims.sum()), 1)).tolist()
+    parts = torch.split(values, per_row)
+    return torch.cat([parts[i] for i in order.tolist()]) if parts else values
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -77,9 +87,22 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
             assert torch.equal(a[k], b[k]), k
 
 
-@pytest.mark.parametrize("tiered", [False, True])
-def test_full_plus_deltas_is_the_full_checkpoint_and_trains_on_the_same(tmp_path: Path, tiered: bool) -> None:
-    over = SMALL + (_tiered(tmp_path) if tiered else [])
+# pruned rows: dims, importance and claims change at every pruning step (step 3, 6, 9), rows at dim 0 are
+# evicted (deleted in the delta), and the decay of the rows a delta does not carry is caught up on restore
+PRUNED = ["prune.enabled=true", "prune.chunk=4", "prune.every=3", "prune.target_ratio=2", "prune.min_dim=0"]
+
+
+def _storage(tmp_path: Path, storage: str) -> list[str]:
+    tiered = _tiered(tmp_path) if "tiered" in storage else []
+    if "pruned" in storage:
+        return [o for o in tiered if not o.startswith("store.ttl_steps")] + PRUNED
+    return tiered
+
+
+@pytest.mark.parametrize("storage", ["plain", "tiered", "pruned", "tiered+pruned"])
+def test_full_plus_deltas_is_the_full_checkpoint_and_trains_on_the_same(tmp_path: Path, storage: str) -> None:
+    tiered = storage == "tiered"
+    over = SMALL + _storage(tmp_path, storage)
     # deltas: step 2 (full: no base yet), 4 (delta of 2), 5 (full), 6, 8 (deltas of 5), 9 (the end: full)
     with_deltas = over + ["train.checkpoint_every=5", "train.delta_every=2"]
     Trainer(load_config(None, with_deltas + ["train.max_steps=9"]), tmp_path / "d").fit()
@@ -91,7 +114,7 @@ def test_full_plus_deltas_is_the_full_checkpoint_and_trains_on_the_same(tmp_path
     assert delta["delta"] == {"base": 5, "previous": 6} and delta["position"]["step"] == 8
     changed = tensors["emb/C1.ids"].numel()
     assert 0 < changed < load_checkpoint(ckpts / "step_00000005")[0]["emb/C1.ids"].numel() + changed
-    if tiered:  # store.ttl_steps expired rows: the deltas name them
+    if storage != "plain":  # store.ttl_steps expired rows, or the pruner evicted rows at dim 0: the deltas name them
         deleted = [load_checkpoint(ckpts / n)[0] for n in names if n.startswith("delta_")]
         assert any(k.startswith("deleted/") and v.numel() for t in deleted for k, v in t.items())
 
@@ -112,7 +135,9 @@ def test_full_plus_deltas_is_the_full_checkpoint_and_trains_on_the_same(tmp_path
         if k.endswith(".ids") and k.startswith("emb/"):
             table = k[: -len(".ids")]
             ou, od = torch.argsort(u[k]), torch.argsort(d[k])
-            assert torch.equal(u[k][ou], d[k][od]) and torch.equal(u[f"{table}.weights"][ou], d[f"{table}.weights"][od])
+            field = "chunked.weights" if f"{table}.dims" in u else "weights"  # a pruned row: its own dims
+            uw, dw = (_by_id(t[f"{table}.{field}"], o, [{"dims": t.get(f"{table}.dims")}], field) for t, o in ((u, ou), (d, od)))
+            assert torch.equal(u[k][ou], d[k][od]) and torch.equal(uw, dw)
 
 
 def test_a_damaged_delta_ends_the_chain(tmp_path: Path) -> None:
@@ -144,8 +169,6 @@ def test_change_log_last_event_wins() -> None:
     assert [x.tolist() for x in c.changed] == [[1], [3]] and [x.tolist() for x in c.deleted] == [[2], []]
 
 
-def test_delta_every_refuses_pruning_and_lossy_tiers() -> None:
-    with pytest.raises(ConfigError, match="train.delta_every.*prune.enabled"):
-        load_config(None, ["train.delta_every=2", "prune.enabled=true"])
+def test_delta_every_refuses_lossy_tiers() -> None:
     with pytest.raises(ConfigError, match="train.delta_every.*store.cold_precision"):
         load_config(None, ["train.delta_every=2", "store.cold_precision=bf16"])

@@ -59,6 +59,7 @@ from tierec.distributed.exchange import Traffic
 from tierec.distributed.group_shard import GroupShard, IdRequest, Served, Sharding
 from tierec.distributed.hot import HotPolicy
 from tierec.distributed.reducers import ExactSum, GradientReducer
+from tierec.embedding.changes import RowChanges
 from tierec.embedding.collection import EmbeddingCollection
 from tierec.embedding.plan import group_inputs, select_features
 from tierec.embedding.storage import RowStorage
@@ -318,6 +319,39 @@ class ShardedEmbeddingCollection(nn.Module):
                     self.local.load_rows(table, _select_rows(records, keep))
                 return
         raise KeyError(f"no table {table!r} in this model")
+
+    # ------------------------------------------------- changes (delta checkpoints): this rank's shard
+
+    def track_changes(self) -> None:
+        self.local.track_changes()
+
+    def mark_changes(self) -> None:
+        self.local.mark_changes()
+
+    def changes(self) -> list[RowChanges]:
+        """This rank's rows changed and deleted since the last mark (hot rows it owns flushed first)."""
+        self.flush_hot()
+        return self.local.changes()
+
+    def changed_rows(self, changes: list[RowChanges], chunk_bytes: int = 1 << 24) -> Iterator[tuple[str, dict[str, Tensor]]]:
+        return self.local.changed_rows(changes, chunk_bytes)
+
+    def deleted_ids(self, changes: list[RowChanges]) -> dict[str, Tensor]:
+        return self.local.deleted_ids(changes)
+
+    def delete_rows(self, table: str, ids: Tensor) -> None:
+        """Forget the rows of ``ids`` (of any rank) that this rank owns."""
+        for shard in self.shards:
+            for ti, t in enumerate(shard.owner.tables):
+                if t.name == table:
+                    keys = ids.numpy().astype(np.int64, copy=False)
+                    own = shard.owners.owns(keys, np.full(keys.shape[0], ti, dtype=np.int32))
+                    self.local.delete_rows(table, ids[torch.from_numpy(own)])
+                    return
+        raise KeyError(f"no table {table!r} in this model")
+
+    def catch_up(self, sd: dict[str, Tensor]) -> None:
+        self.local.catch_up(sd)
 
     def state_dict(self, *args, **kwargs) -> dict[str, Tensor]:  # type: ignore[override]
         """This rank's rows (hot rows it owns included), keyed like ``EmbeddingCollection.state_dict``."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from torch import Tensor
 
 
 @dataclass
@@ -67,3 +68,43 @@ class ChangeLog:
             [keys[(tabs == t) & ~gone] for t in range(n_tables)],
             [keys[(tabs == t) & gone] for t in range(n_tables)],
         )
+
+
+class TracksChanges:
+    """Change tracking for a storage keyed by ``(table, id)`` (a mixin): the storage calls ``_note`` when it
+    writes rows and ``_note_deleted`` when it forgets them; it provides ``tables``, ``_find`` (rows of known
+    pairs, -1 else) and ``records(t, rows)``."""
+
+    _changes: ChangeLog | None = None  # off until ``track_changes``
+
+    def track_changes(self) -> None:
+        """Start noting changed and deleted rows (a no-op when already tracking)."""
+        if self._changes is None:
+            self._changes = ChangeLog()
+
+    def changed_since_mark(self) -> RowChanges:
+        """Per table: the ids changed and the ids deleted since the last :meth:`mark`."""
+        if self._changes is None:
+            raise RuntimeError("changed_since_mark() needs track_changes() first")
+        return self._changes.since_mark(len(self.tables))
+
+    def mark(self) -> None:
+        """The state as of now is published: forget the changes noted so far."""
+        if self._changes is not None:
+            self._changes.mark()
+
+    def _note(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self._changes is not None:
+            self._changes.changed(keys, tabs)
+
+    def _note_deleted(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self._changes is not None:
+            self._changes.deleted(keys, tabs)
+
+    def records_by_ids(self, t: int, ids: np.ndarray) -> dict[str, Tensor]:
+        """Row records (as ``iter_records`` yields them) of known ids of table ``t``, in their order."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = self._find(ids, np.full(ids.shape[0], t, dtype=np.int32))
+        if (rows < 0).any():
+            raise KeyError(f"table {self.tables[t].name!r} has no row of id {int(ids[rows < 0][0])}")
+        return self.records(t, rows)

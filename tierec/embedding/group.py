@@ -26,7 +26,7 @@ from torch import Tensor
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.arena import GrowableArray, resident_bytes
-from tierec.embedding.changes import ChangeLog, RowChanges
+from tierec.embedding.changes import ChangeLog, TracksChanges
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import apply_update, new_state
 from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
@@ -35,7 +35,7 @@ from tierec.embedding.storage import record_chunks
 from tierec.embedding.table import TableConfig
 
 
-class TableGroup:
+class TableGroup(TracksChanges):
     counts_accesses = False  # update() ignores how many ids each row served
 
     def __init__(self, tables: list[TableConfig], seed: int = 0, device: torch.device | str = "cpu") -> None:
@@ -309,30 +309,6 @@ class TableGroup:
     # Tracking (off until ``track_changes``): rows written since the last ``mark`` (optimizer
     # updates, insertions, overwrites) and rows deleted; tierec/embedding/changes.py.
 
-    def track_changes(self) -> None:
-        """Start noting changed and deleted rows (a no-op when already tracking)."""
-        if self._changes is None:
-            self._changes = ChangeLog()
-
-    def changed_since_mark(self) -> RowChanges:
-        """Per table: the ids changed and the ids deleted since the last :meth:`mark`."""
-        if self._changes is None:
-            raise RuntimeError("changed_since_mark() needs track_changes() first")
-        return self._changes.since_mark(len(self.tables))
-
-    def mark(self) -> None:
-        """The state as of now is published: forget the changes noted so far."""
-        if self._changes is not None:
-            self._changes.mark()
-
-    def _note(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        if self._changes is not None:
-            self._changes.changed(keys, tabs)
-
-    def _note_deleted(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        if self._changes is not None:
-            self._changes.deleted(keys, tabs)
-
     def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, tables) of row numbers ``rows`` (what ``lookup`` returned)."""
         rows = np.asarray(rows, dtype=np.int64)
@@ -341,14 +317,6 @@ class TableGroup:
     def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """What :meth:`records` takes for known ``(table, id)`` pairs (-1: unknown); moves nothing."""
         return self.index.lookup(keys, tabs, insert=False).rows
-
-    def records_by_ids(self, t: int, ids: np.ndarray) -> dict[str, Tensor]:
-        """Row records (as :meth:`iter_records` yields them) of known ids of table ``t``, in their order."""
-        ids = np.asarray(ids, dtype=np.int64)
-        rows = self._find(ids, np.full(ids.shape[0], t, dtype=np.int32))
-        if (rows < 0).any():
-            raise KeyError(f"table {self.tables[t].name!r} has no row of id {int(ids[rows < 0][0])}")
-        return self.records(t, rows)
 
     def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """Forget rows of (table, id) pairs; a plain group never deletes, so it holds none of them."""

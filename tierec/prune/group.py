@@ -40,6 +40,7 @@ from torch import Tensor
 
 from tierec.config import ConfigError, OptimizerKind, PruneConfig
 from tierec.embedding import kernels as engine_kernels
+from tierec.embedding.changes import ChangeLog, TracksChanges
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
@@ -50,7 +51,7 @@ from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
 from tierec.prune.pool_ops import pool_chunked, pool_chunked_torch
 
 
-class PrunedGroup:
+class PrunedGroup(TracksChanges):
     counts_accesses = True  # importance (frequency, shrinkage counts) needs the accesses of each row
 
     def __init__(
@@ -98,7 +99,9 @@ class PrunedGroup:
         self.pruned = np.zeros(len(tables), dtype=np.int64)  # chunks pruned, per table
         self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
         self.evicted = np.zeros(len(tables), dtype=np.int64)  # rows forgotten at dim 0, per table
+        self.decays = np.zeros(len(tables), dtype=np.int64)  # importance decays so far (a delta's catch-up)
         self.step = 0
+        self._changes: ChangeLog | None = None  # rows changed since the last publication, once tracked
         # a record: full-dim weights, each per-dim state, per-row state, then the row's dims
         self.record_width = self.dim * (1 + len(self.chunks.dim_state)) + len(self.row_state) + 1
 
@@ -144,6 +147,7 @@ class PrunedGroup:
 
     def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
         """New rows get ``init_chunks`` chunks holding the same values a TableGroup would give them."""
+        self._note(keys, tabs)
         self._set_chunks(rows, np.full(rows.shape[0], self.init_chunks, dtype=np.int64))
         w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
         engine_kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
@@ -243,9 +247,10 @@ class PrunedGroup:
         r, g = rows.numpy(), grad.detach().contiguous().numpy()
         v = view if view is not None else self.view(r)
         hits = np.ones(r.shape[0], dtype=np.float32) if hits is None else np.ascontiguousarray(hits, dtype=np.float32)
+        known = r[r >= 0]
+        self._note(self.index.row_keys[known], self.index.row_tabs[known])
         if self.shrinkage:
-            known = r >= 0
-            self.count[r[known]] += hits[known]  # the rows of a batch are unique
+            self.count[known] += hits[r >= 0]  # the rows of a batch are unique
         pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
         bufs = self.chunks.update_buffers(v, r, self.next_imp, self.row_state)  # indexed as the view's kernels index
         imp, nxt, row_state = bufs
@@ -326,6 +331,8 @@ class PrunedGroup:
         grow = np.flatnonzero(counts > live)
         if (counts[grow] > live[grow] + 1).any():
             raise ValueError("a row grows back at most one chunk per pruning step")
+        moved = np.concatenate([shrink, grow])
+        self._note(self.index.row_keys[moved], self.index.row_tabs[moved])
         if shrink.size:
             first = self.cmap[shrink, counts[shrink]]  # the first chunk each shrinking row loses
             self.next_imp[shrink] = self.chunks.importance[first]
@@ -354,8 +361,18 @@ class PrunedGroup:
         keep = np.flatnonzero(live > 0)
         if keep.size == n:
             return 0
+        self.evicted += np.bincount(self.index.row_tabs[:n][live == 0], minlength=len(self.tables))
+        self._keep_rows(keep)
+        return n - keep.size
+
+    def _keep_rows(self, keep: np.ndarray) -> None:
+        """Forget every row but ``keep`` (ascending row numbers; the others hold no chunk): their index
+        entry, chunk map, claim and per-row state; the kept rows are renumbered in order."""
+        n = self.num_rows
         tabs = self.index.row_tabs[:n]
-        self.evicted += np.bincount(tabs[live == 0], minlength=len(self.tables))
+        gone = np.ones(n, dtype=bool)
+        gone[keep] = False
+        self._note_deleted(self.index.row_keys[:n][gone], tabs[gone])
         index = HashIndex(initial_rows=max(int(keep.size * 1.25), 16), n_tables=len(self.tables))
         if keep.size:
             index.lookup(self.index.row_keys[keep].copy(), tabs[keep].astype(np.int32), insert=True)
@@ -374,7 +391,6 @@ class PrunedGroup:
             fresh[:k] = st[t]
             self.row_state[name] = fresh
         self.index, self.cmap, self.next_imp = index, cmap, next_imp
-        return n - k
 
     def tie_keys(self) -> np.ndarray:  # [n_rows] uint64, a hash of (table, id): orders ties between rows
         n = self.num_rows
@@ -383,10 +399,13 @@ class PrunedGroup:
         return out
 
     def decay_importance(self, factor: float) -> None:
+        """Every row's importance, claim and count times ``factor`` (``prune.decay``: a delta does not carry
+        the rows changed by it alone; :meth:`catch_up` decays them as often on restore)."""
         self.chunks.importance *= np.float32(factor)
         self.next_imp[: self.num_rows] *= np.float32(factor)
         if self.shrinkage:
             self.count[: self.num_rows] *= np.float32(factor)
+        self.decays += 1
 
     def compact(self) -> None:
         """Shrink the pool to its live chunks, each row's chunks one after another in row order.
@@ -496,6 +515,7 @@ class PrunedGroup:
             "pruned_chunks": torch.tensor(int(self.pruned[t])),
             "regrown_chunks": torch.tensor(int(self.regrown[t])),
             "evicted_rows": torch.tensor(int(self.evicted[t])),
+            "importance_decays": torch.tensor(int(self.decays[t])),
         }
 
     def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
@@ -503,11 +523,15 @@ class PrunedGroup:
             self.pruned[t] = int(sd["pruned_chunks"])
             self.regrown[t] = int(sd["regrown_chunks"])
             self.evicted[t] = int(sd["evicted_rows"])
+        if "importance_decays" in sd:
+            self.decays[t] = int(sd["importance_decays"])
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert (or overwrite) rows from ``records`` output; a TableGroup's (full-dim) records load too."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
-        rows = self.lookup(ids, np.full(ids.shape[0], t, dtype=np.int32), insert=True).numpy()
+        tabs = np.full(ids.shape[0], t, dtype=np.int32)
+        rows = self.lookup(ids, tabs, insert=True).numpy()
+        self._note(ids, tabs)
         dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
         dims = np.full(ids.shape[0], self.dim) if dense else sd["dims"].numpy().astype(np.int64)
         self._set_chunks(rows, dims // self.chunk)
@@ -572,6 +596,7 @@ class PrunedGroup:
 
     def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).numpy()
+        self._note(keys, tabs)
         rec = np.ascontiguousarray(records, dtype=np.float32)
         self._set_chunks(rows, rec[:, -1].astype(np.int64) // self.chunk)
         col = 0
@@ -613,12 +638,44 @@ class PrunedGroup:
         r, v = rows[ok], np.asarray(values, dtype=np.float32)[ok]
         if not r.size:
             return
+        self._note(np.asarray(keys)[ok], np.asarray(tabs)[ok])
         cm = self.cmap[r]
         live = cm >= 0
         self.chunks.importance[cm[live]] = v[:, : self.n_pos][live]
         self.next_imp[r] = v[:, self.n_pos]
         if self.shrinkage:
             self.count[r] = v[:, self.n_pos + 1]
+
+    # ------------------------------------------------------ delta checkpoints (tierec/embedding/changes.py)
+
+    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """Rows of known ``(table, id)`` pairs (-1: unknown); moves nothing."""
+        return self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+
+    def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Forget the rows of the known ``(table, id)`` pairs (a delta's rows evicted at dim 0)."""
+        rows = self._find(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32))
+        rows = np.unique(rows[rows >= 0])
+        if rows.size:
+            self._set_chunks(rows, np.zeros(rows.size, dtype=np.int64))
+            self._keep_rows(np.setdiff1d(np.arange(self.num_rows, dtype=np.int64), rows))
+
+    def catch_up(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Decay the rows of table ``t`` as often as the run did by the delta's ``sd`` (its ``table_meta``):
+        rows the delta does not carry changed by the decay alone (the carried ones are overwritten)."""
+        times = int(sd["importance_decays"]) - int(self.decays[t]) if "importance_decays" in sd else 0
+        if times <= 0:
+            return
+        rows = self.rows_of(t, 0, self.row_extent())
+        chunks = self.cmap[rows]
+        chunks = chunks[chunks >= 0]
+        f = np.float32(self.cfg.decay)
+        for _ in range(times):  # one multiplication per decay, as in the run: bitwise the same
+            self.chunks.importance[chunks] *= f
+            self.next_imp[rows] *= f
+            if self.shrinkage:
+                self.count[rows] *= f
+        self.decays[t] += times
 
     def close(self) -> None:
         """Close the tiered pool's disk file (a no-op in memory)."""

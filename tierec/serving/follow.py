@@ -173,8 +173,10 @@ def apply_delta(scorer: Scorer, delta: Checkpoint) -> tuple[Scorer, int, int]:
     for label, records in delta.rows():
         name = _table(label, scorer, delta.path)
         problem = validate_tensors(records)
-        if problem is not None or "weights" not in records:
-            raise CheckpointError(f"{delta.path}: rows of {label}: {problem or 'no weights (rows pruned?)'}")
+        if problem is None and "weights" not in records and "chunked.weights" not in records:
+            problem = "no weights"
+        if problem is not None:
+            raise CheckpointError(f"{delta.path}: rows of {label}: {problem}")
         rows.setdefault(name, []).append(records_chunk(records, scorer.tables[name].dim))
     deleted = {_table(k[len(DELETED) :], scorer, delta.path): v.numpy() for k, v in state.items() if k.startswith(DELETED)}
     tables = dict(scorer.tables)

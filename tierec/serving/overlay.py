@@ -37,11 +37,16 @@ from tierec.serving.tables import ServedTable
 
 
 def in_memory(entry: TableEntry, chunk: RowChunk) -> ServedTable:
-    """A whole-layout served table over ``chunk`` (rows of ``entry.dim``, ids ascending, any precision)."""
-    arrays = {"ids": chunk.ids, "rows": chunk.values.reshape(chunk.size, entry.dim)}
+    """A served table over ``chunk`` (ids ascending, any precision): whole rows of ``entry.dim``, or pruned rows
+    at their own dims (the ragged layout, as the export stores a pruned table)."""
+    if (chunk.lens == entry.dim).all():
+        arrays, layout = {"ids": chunk.ids, "rows": chunk.values.reshape(chunk.size, entry.dim)}, "whole"
+    else:
+        offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum(chunk.lens, dtype=np.int64)])
+        arrays, layout = {"ids": chunk.ids, "offsets": offsets, "values": chunk.values}, "ragged"
     if chunk.scale is not None and chunk.bias is not None:
         arrays.update(scale=chunk.scale, bias=chunk.bias)
-    return ServedTable(replace(entry, layout="whole", rows=chunk.size), TableFile(arrays, {}))
+    return ServedTable(replace(entry, layout=layout, rows=chunk.size), TableFile(arrays, {}))
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class PatchedTable:
         return out
 
     def patched(self, rows: RowChunk | None, deleted: np.ndarray | None, precision: str) -> PatchedTable:
-        """A new table: this one with ``rows`` (float32, whole rows of ``dim``) stored at ``precision`` over it and
+        """A new table: this one with ``rows`` (float32, each at its own dims) stored at ``precision`` over it and
         the ids ``deleted`` gone."""
         none = np.empty(0, np.int64)
         rows = Overlay.empty(self.dim).changed if rows is None else encode(rows, precision)

@@ -7,6 +7,7 @@ checkpoints, a directory beside them::
       step_00001000/                     # a full checkpoint (tierec/train/checkpoint.py)
       delta_00001200_of_00001000/        # a delta: its step, the full checkpoint it is based on
         tensors.safetensors              # dense model, optimizer, RNG, the embeddings' counters (all small),
+                                         #   (several processes: tensors-RRRRR and rows-RRRRR-* of each rank)
                                          #   and ``deleted/{prefix}/{table}``: ids deleted since the last one
         rows-00000-000000.safetensors    # records of the rows changed since the last publication (ids,
         meta.json                        #   weights, optimizer state), as a full checkpoint's row chunks
@@ -31,6 +32,7 @@ from typing import Any
 
 from torch import Tensor
 
+from tierec.distributed.context import DistContext
 from tierec.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -52,25 +54,38 @@ def delta_name(step: int, base: int) -> str:
 
 def save_delta(
     run_dir: Path | str, step: int, base: int, previous: int, tensors: Mapping[str, Tensor], meta: Mapping[str, Any],
-    rows: RowChunks = (),
+    rows: RowChunks = (), ctx: DistContext | None = None,
 ) -> Path:
     """Publish delta ``step`` of full checkpoint ``base`` (``previous``: the step of the publication
-    before it); ``tensors`` and ``rows`` as :func:`~tierec.train.checkpoint.save_checkpoint` takes them."""
+    before it); ``tensors``, ``rows`` and ``ctx`` as :func:`~tierec.train.checkpoint.save_checkpoint`
+    takes them: with several processes a collective, every rank writing its own changed rows."""
     check_meta(step, None, meta)
     if not base <= previous < step:
         raise ValueError(f"a delta of step {step} needs base <= previous < step, got base {base}, previous {previous}")
     run_dir = Path(run_dir)
     name = delta_name(step, base)
-    tmp = begin_checkpoint(run_dir, step, name=name)
-    try:
-        write_part(tmp, 0, tensors, rows)
-        record = checkpoint_record(tmp, step, {**meta, "delta": {"base": base, "previous": previous}}, 1)
-        final = publish_dir(run_dir, tmp, name, record)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    remove_debris(run_dir)
-    return final
+    record = {**meta, "delta": {"base": base, "previous": previous}}
+    if ctx is None or not ctx.is_distributed:
+        tmp = begin_checkpoint(run_dir, step, name=name)
+        try:
+            write_part(tmp, 0, tensors, rows)
+            final = publish_dir(run_dir, tmp, name, checkpoint_record(tmp, step, record, 1))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        remove_debris(run_dir)
+        return final
+    tmp = run_dir / f".tmp-{name}-sharded"
+    if ctx.is_main:
+        begin_checkpoint(run_dir, step, tag="sharded", name=name)
+    ctx.barrier()
+    write_part(tmp, ctx.rank, tensors, rows)  # every rank: its counters, deleted ids and changed rows
+    ctx.barrier()
+    if ctx.is_main:  # rank 0 publishes, once every part is written
+        publish_dir(run_dir, tmp, name, checkpoint_record(tmp, step, record, ctx.world_size))
+        remove_debris(run_dir)
+    ctx.barrier()
+    return run_dir / name
 
 
 def apply_deltas(base: Path, meta: dict, apply: Callable[[Checkpoint], None], echo: Callable[[str], None]) -> dict:

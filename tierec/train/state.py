@@ -179,22 +179,30 @@ def delta_state(parts: Components, chunk_bytes: int = CHUNK_BYTES) -> tuple[dict
     return tensors, skeleton, rows()
 
 
-def restore_delta(parts: Components, delta: Checkpoint) -> None:
-    """Apply a delta checkpoint to the state of the publication before it (its full checkpoint or delta)."""
+def restore_delta(parts: Components, delta: Checkpoint, rank: int = 0, world_size: int = 1) -> None:
+    """Apply a delta checkpoint (saved on any number of processes) to the state of the publication before
+    it (its full checkpoint or delta); each process keeps the rows it owns and forgets the deleted ones it
+    holds. The embeddings' counters are this rank's own when the world size is unchanged, else the job's."""
     with _must_fit():
         dense = _valid(delta.state(0))
         _restore_dense(parts, dense, delta.meta["state"])
+        others = [_valid(delta.state(r)) for r in range(1, delta.world_size)]  # small: counters, deleted ids
+        if delta.world_size == world_size:
+            counters = others[rank - 1] if rank > 0 else dense
+        else:
+            counters = _job_counters(dense, others, first=rank == 0)
         colls = dict(embedding_collections(parts))
-        own = {name: {k[len(name) + 1 :]: v for k, v in dense.items() if k.startswith(f"{name}/")} for name in colls}
+        own = {name: {k[len(name) + 1 :]: v for k, v in counters.items() if k.startswith(f"{name}/")} for name in colls}
         for name, coll in colls.items():
             coll.catch_up(own[name])
         for label, records in delta.rows():
             name, table = label.split("/", 1)
             colls[name].load_rows(table, _valid(records))
-        for key, ids in dense.items():
-            if key.startswith(DELETED):
-                name, table = key[len(DELETED) :].split("/", 1)
-                colls[name].delete_rows(table, ids)
+        for part in [dense, *others]:
+            for key, ids in part.items():
+                if key.startswith(DELETED):
+                    name, table = key[len(DELETED) :].split("/", 1)
+                    colls[name].delete_rows(table, ids)
         for name, coll in colls.items():  # last: the counters as the delta recorded them, not the I/O of loading it
             coll.load_state_meta(own[name])
 

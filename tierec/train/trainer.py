@@ -215,8 +215,8 @@ class Trainer:
                 self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
             fit_dense_scaling(cfg, parts.model, probe, self.echo)  # one pass over the head of the training split
         if cfg.train.delta_every:
-            if self.job.ctx.world_size > 1:
-                raise ConfigError("train.delta_every runs on 1 process for now; set it to 0 to train on several")
+            if self.job.mesh is not None:  # replicas of groups: group 0 writes, averaging moves rows unnoted
+                raise ConfigError("train.delta_every does not run on a mesh of groups yet; set dist.group_size = 0 or delta_every = 0")
             track_changes(parts)  # from here on: changes since the publication resumed from, or since the start
         total = passes.total_steps(probe)  # None: a followed directory, until stopped
         end = math.inf if total is None else total
@@ -472,16 +472,18 @@ class Trainer:
             self._save_full(parts, ckpt_dir, pos)
             return
         base, previous = self._published
-        tensors, skeleton, rows = delta_state(parts)
+        tensors, skeleton, rows = delta_state(parts)  # several processes: each rank's own changed rows
         meta = {"position": vars(pos).copy(), "state": skeleton, "config": to_dict(self.cfg), "saved_at": time.time(),
                 **self._passes_meta(), **self.job.checkpoint_meta()}  # fmt: skip
-        save_delta(ckpt_dir, pos.step, base, previous, tensors, meta, rows=rows)
+        save_delta(ckpt_dir, pos.step, base, previous, tensors, meta, rows=rows, ctx=self.job.ctx)
         mark_changes(parts)
         self._published = (base, pos.step)
 
     def _restore_with_deltas(self, parts: Components, ckpt: Path) -> dict:
         """A full checkpoint, then its chain of deltas (stopping at the first missing or damaged one)."""
-        meta = apply_deltas(ckpt, self._restore_from(parts, ckpt), lambda d: restore_delta(parts, d), self.echo)
+        ctx = self.job.shard_ctx
+        meta = apply_deltas(ckpt, self._restore_from(parts, ckpt), lambda d: restore_delta(parts, d, ctx.rank, ctx.world_size),
+                            self.echo)
         self._published = (int(ckpt.name.split("_")[-1]), int(meta["step"])) if ckpt.name.startswith("step_") else None
         return meta
 

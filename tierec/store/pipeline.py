@@ -37,6 +37,8 @@ import numpy as np
 
 from tierec.embedding.hash_index import Deduper
 
+LEAD = 1  # a window's reads start this many batches before its first one (measured: docs/performance.md)
+
 
 @dataclass(frozen=True)
 class _Target:
@@ -134,18 +136,20 @@ class StorePipeline:
         try:
             pull(k)
             windows.append(self.stage(list(ahead), 1))  # the first window: read now, waited for by its lookups
+            lead = min(LEAD, k)
             t = 0
             while True:
-                if t % k == 0:
-                    if t:  # the previous window's batches are all looked up
-                        self._release(windows.popleft())
-                    pull(2 * k)
-                    windows.append(self.stage(list(ahead)[k : 2 * k], k + 1))  # batch t is the next lookup
+                if t % k == 0 and t and windows:  # the previous window's batches are all looked up
+                    self._release(windows.popleft())
+                fresh = (t + lead) % k == 0
+                if fresh:  # the next window starts `lead` batches from now: read it
+                    pull(lead + k)
+                    windows.append(self.stage(list(ahead)[lead : lead + k], lead + 1))  # batch t is the next lookup
                 if not ahead:
                     return
                 while len(topped) > 1:  # batch t - 1 is looked up
                     self._release(topped.popleft())
-                if t % k and len(ahead) > 1:  # rows of batch t + 1 that went to disk after its window was read
+                if not fresh and len(ahead) > 1:  # rows of batch t + 1 that went to disk after its window was read
                     topped.append(self.stage([ahead[1]], 2))
                 t += 1
                 self.batches += 1

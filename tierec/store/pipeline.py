@@ -1,23 +1,28 @@
 """StorePipeline: stage 3 of the training pipeline for tiered tables: the disk reads of the next window.
 
-Batches go through in order; the stage looks ``depth`` (k) batches ahead in
-windows: when batch ``t`` (a multiple of k) is handed on, the rows of batches
-``t + k .. t + 2k - 1`` are deduplicated per tiered group and handed to the
-group's :meth:`~tierec.store.group.TieredGroup.stage`, which reads the ones
-that live only on disk on its read-ahead threads, as one set (neighbouring
-records share a read), while batches ``t .. t + k - 1`` compute. A window is
-dropped once its last batch has been looked up. Between windows, before each
-batch ``t`` the rows of batch ``t + 1`` that left the fast tier for disk since
-its window was read are read ahead too (a step ahead). The stage has no thread of
-its own: it runs on the caller's between steps, and the reads wait on the
-device beside the compute.
+Batches go through in order, in windows of ``depth`` (k) batches. One batch
+before a window starts (``LEAD``), the rows of its k batches are deduplicated
+per tiered group and handed to the group's
+:meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
+needed at; the group reads the ones that live only on disk on its read-ahead
+threads, as one set (neighbouring records share a request), while the step
+computes. A window is dropped once its last batch has been looked up. Before
+each other batch, the rows of the next batch that left the fast tier for disk
+since its window was read are read a step ahead. The stage has no thread of
+its own: it runs on the caller's thread between steps, and the reads wait on
+the device beside the compute.
 
 Exact by construction: reading ahead changes no number (a lookup uses a
-record read ahead only while it is still the row's record), so any ``depth``
-trains exactly as none (tests/train/test_pipeline.py, tests/store/).
+record read ahead only while it is still the row's record; with fp32 cold rows
+the group also keeps the window's rows in the fast tier, which moves rows but
+changes no value), so any ``depth`` trains exactly as none
+(tests/store/test_staging.py, tests/train/test_pipeline.py).
 
 ``stats()``: rows read ahead and used, the reads' wall time and the part of
 it the step waited for (``wait_s``): the rest was hidden behind compute.
+Measured (docs/performance.md, "Tables beyond memory"): reading a window one
+batch ahead beat a whole window ahead (rows evicted in between were read again
+on demand), and windows of 4 beat 8 at 4x (8 outgrew its share of the budget).
 
 >>> from tierec.store.pipeline import StorePipeline
 >>> pipe = StorePipeline([], depth=1)  # no tiered groups: batches pass through
@@ -37,7 +42,7 @@ import numpy as np
 
 from tierec.embedding.hash_index import Deduper
 
-LEAD = 1  # a window's reads start this many batches before its first one (measured: docs/performance.md)
+LEAD = 1  # a window's reads start this many batches before its first one (see the module docstring)
 
 
 @dataclass(frozen=True)

@@ -230,9 +230,8 @@ class TieredGroup(Policies, TierState, TableGroup):
                 fresh = self.staging.not_staged(lids)
                 lids, until = lids[fresh], (until[fresh] if until is not None else None)
                 if self.spec.stage_bytes is not None:  # the earliest batches' rows first (keys come in batch order)
-                    room = (self.spec.stage_bytes - self.staging.nbytes()) // (4 * self.disk.rec_floats + 33)  # record, row, slot, epoch, until, used
-                    self.staging.stats.dropped_rows += max(lids.size - max(room, 0), 0)
-                    lids, until = lids[: max(room, 0)], (until[: max(room, 0)] if until is not None else None)
+                    n = self.staging.room(self.spec.stage_bytes, 4 * self.disk.rec_floats, lids.size)
+                    lids, until = lids[:n], (until[:n] if until is not None else None)
                 order = np.argsort(lids, kind="stable")
                 lids = lids[order]
                 until = until[order] if until is not None else np.full(lids.size, -1, dtype=np.int64)

@@ -22,11 +22,13 @@ whatever the timing of the reads (tests/store/test_staging.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from tierec.store.disk import PendingRead
+
+ROW_BOOKKEEPING = 33  # bytes per row read ahead besides its record: four int64 and a flag
 
 
 @dataclass
@@ -36,7 +38,7 @@ class _Window:
     epochs: np.ndarray  # [n] the slots' segment epochs when staged
     read: PendingRead  # records in the order of ``lids``
     until: np.ndarray  # [n] the lookup the window last needs each row at (-1: not kept)
-    used: np.ndarray = field(default=None)  # [n] bool: taken by a lookup
+    used: np.ndarray  # [n] bool: taken by a lookup
 
 
 @dataclass
@@ -65,6 +67,13 @@ class Staging:
     def nbytes(self) -> int:
         """Bytes held: per row its record (with the lid header), four int64 (row, slot, epoch, until) and a flag."""
         return sum(w.read.nbytes + w.lids.nbytes * 4 + w.used.nbytes for w in self._windows.values())
+
+    def room(self, budget: int, record_bytes: int, wanted: int) -> int:
+        """How many of ``wanted`` more rows of ``record_bytes`` fit beside the windows held in ``budget`` bytes
+        (each row also holds a row id, slot, epoch, keep-until and a flag: 33 bytes); the rest are dropped."""
+        fits = max((budget - self.nbytes()) // (record_bytes + ROW_BOOKKEEPING), 0)
+        self.stats.dropped_rows += max(wanted - fits, 0)
+        return min(wanted, fits)
 
     def not_staged(self, lids: np.ndarray) -> np.ndarray:
         """[n] bool: rows no window holds yet."""

@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     table = _run(big, work / "size")["embedding_bytes"]  # all rows on the device: the table's size
     tiers = ["store.enabled=true", f"store.cache_size={max(table // 8, 1 << 20)}", f"store.host_size={table // 4}",
              f"store.disk_path={work / 'disk'}"]
-    setups = {"all_on_device": big, "tiered": [*big, *tiers], "tiered_prefetch": [*big, *tiers, "store.prefetch=true"]}
+    setups = {"all_on_device": big, "tiered": [*big, *tiers, "store.prefetch=false"],  # on demand; read ahead (the default):
+              "tiered_prefetch": [*big, *tiers, "store.prefetch=true"]}
     result["tiered"] = _compare(setups, a.repeats, work)
     result["tiered"]["table_bytes"] = table
     base = result["tiered"]["all_on_device"]["median_samples_per_s"]

@@ -27,13 +27,15 @@ def test_table_renders(tmp_path: Path) -> None:
     assert "| f (100 / 20) | 0.7000 (+0.0000, 2) | not run | not run | not run | 0.7000 | 0.6000 |" in table
 
 
-@pytest.mark.parametrize("name", ["movielens", "amazon", "frappe", "lastfm"])
+@pytest.mark.parametrize("name", ["criteo", "movielens", "amazon", "frappe", "lastfm"])
 def test_inspected_schema_trains_as_measured(name: str, tmp_path: Path) -> None:
     path, _ = public_data.FILES[name]
     if not path.is_file():
         pytest.skip(f"{path} is absent")
     cfg = load_config([str(public_data.inspect(path, tmp_path / "s.toml"))], [])
-    if name in ("movielens", "amazon"):  # explicit ratings: rating >= 4 is the label, split by the timestamp
+    if name == "criteo":  # the Criteo layout, recognised
+        assert cfg.data.schema.preset == "criteo" and cfg.data.negatives == 0
+    elif name in ("movielens", "amazon"):  # explicit ratings: rating >= 4 is the label, split by the timestamp
         assert cfg.data.split == "column" and cfg.data.schema.label_threshold == 4 and cfg.data.negatives == 0
     else:  # implicit: sampled negatives for the user and item columns
         assert cfg.data.negatives == 2 and cfg.data.item_column == {"frappe": "item", "lastfm": "artistID"}[name]

@@ -39,6 +39,7 @@ lastfm      ``lastfm-2k/user_artists.dat``: implicit play counts, CRLF, hash spl
 from __future__ import annotations
 
 import argparse
+import re
 import contextlib
 import io
 import json
@@ -74,6 +75,12 @@ def inspect(path: Path, out: Path) -> Path:
     if code != 0:
         raise SystemExit(f"tierec inspect {path} exited {code}")
     return out
+
+
+def _no_values(schema_text: str) -> str:
+    """The schema as inspect wrote it, without the example values its comments quote (rows of the shared
+    files stay out of the repository)."""
+    return re.sub(r"e\.g\. '[^']*'", "e.g. <a value of the file>", schema_text)
 
 
 def train(schema: Path, model: str, seed: int, run_dir: Path) -> dict:
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             v = verdict(mean, base["logistic_regression_auc"], base["item_popularity_auc"])
             results.append({"file": name, "source": str(path.relative_to(SHARED.parent.parent)), "model": model, "runs": runs,
                             "mean_test_auc": mean, "gap_to_lr": mean - base["logistic_regression_auc"], "verdict": v,
-                            "schema": schema.read_text(), "baselines": base})
+                            "schema": _no_values(schema.read_text()), "baselines": base})
             print(f"  {model:9s} mean {mean:.4f} gap {mean - base['logistic_regression_auc']:+.4f}: {v}", flush=True)
             if a.json:
                 a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -39,10 +39,10 @@ lastfm      ``lastfm-2k/user_artists.dat``: implicit play counts, CRLF, hash spl
 from __future__ import annotations
 
 import argparse
-import re
 import contextlib
 import io
 import json
+import re
 import statistics
 import sys
 import time

@@ -6,9 +6,7 @@ per tiered group and handed to the group's
 :meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
-computes. A window is dropped once its last batch has been looked up. Before
-each other batch, the rows of the next batch that left the fast tier for disk
-since its window was read are read a step ahead. The stage has no thread of
+computes. A window is dropped once its last batch has been looked up. The stage has no thread of
 its own: it runs on the caller's thread between steps, and the reads wait on
 the device beside the compute.
 
@@ -22,7 +20,9 @@ changes no value), so any ``depth`` trains exactly as none
 it the step waited for (``wait_s``): the rest was hidden behind compute.
 Measured (docs/performance.md, "Tables beyond memory"): reading a window one
 batch ahead beat a whole window ahead (rows evicted in between were read again
-on demand), and windows of 4 beat 8 at 4x (8 outgrew its share of the budget).
+on demand), windows of 4 beat 8 at 4x (8 outgrew its share of the budget), and
+reading each next batch's newly evicted rows a step ahead cost more (a second
+dedupe and probe per step) than it hid.
 
 >>> from tierec.store.pipeline import StorePipeline
 >>> pipe = StorePipeline([], depth=1)  # no tiered groups: batches pass through
@@ -137,7 +137,6 @@ class StorePipeline:
                     break
             self.wait_s += time.perf_counter() - t0
 
-        topped: deque[list[tuple[Any, int]]] = deque()  # per batch: rows of the next batch read since its window
         try:
             pull(k)
             windows.append(self.stage(list(ahead), 1))  # the first window: read now, waited for by its lookups
@@ -146,21 +145,16 @@ class StorePipeline:
             while True:
                 if t % k == 0 and t and windows:  # the previous window's batches are all looked up
                     self._release(windows.popleft())
-                fresh = (t + lead) % k == 0
-                if fresh:  # the next window starts `lead` batches from now: read it
+                if (t + lead) % k == 0:  # the next window starts `lead` batches from now: read it
                     pull(lead + k)
                     windows.append(self.stage(list(ahead)[lead : lead + k], lead + 1))  # batch t is the next lookup
                 if not ahead:
                     return
-                while len(topped) > 1:  # batch t - 1 is looked up
-                    self._release(topped.popleft())
-                if not fresh and len(ahead) > 1:  # rows of batch t + 1 that went to disk after its window was read
-                    topped.append(self.stage([ahead[1]], 2))
                 t += 1
                 self.batches += 1
                 yield ahead.popleft()
         finally:
-            for w in (*windows, *topped):
+            for w in windows:
                 self._release(w)
             for t in self.targets:
                 t.group.release_staged()

@@ -19,4 +19,4 @@ def test_every_key_is_on_the_page_with_a_meaning() -> None:
     for key in flatten_dict(to_dict(load_config(None))):
         line = next((ln for ln in page.splitlines() if ln.startswith(f"| `{key}` |")), None)
         assert line is not None, key
-        assert not line.endswith("|  |"), f"{key} has no comment in tierec/config.py"
+        assert not line.endswith("|  |"), f"{key} has no comment in tierec/config.py or tierec/data_config.py"

@@ -24,7 +24,7 @@ STORE = [
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",
         "tierec.train.readlock", "tierec.train.integrity", "tierec.train.memory",
         "tierec.train.preflight", "tierec.models.scaling", "tierec.train.dense_stats", "tierec.version",
-        "tierec.warmup", "tierec.config_reference", "tierec.data.row_filter", "tierec.tune.space", "tierec.train.passes"]
+        "tierec.warmup", "tierec.config_reference", "tierec.data_config", "tierec.data.row_filter", "tierec.tune.space", "tierec.train.passes"]
 SERVING = [
     "tierec.serving", "tierec.serving.manifest", "tierec.serving.rows", "tierec.serving.table_file", "tierec.serving.sorted_runs",
     "tierec.serving.inputs", "tierec.serving.program", "tierec.serving.publish", "tierec.serving.tables",

@@ -2,7 +2,7 @@
 
 The page is generated, never edited by hand: ``python -m tierec.config_reference > docs/config.md``;
 tests/test_config_reference.py fails when the page and the code disagree. A key's text is the
-comment on its line in tierec/config.py, or the comment lines just above it.
+comment on its line in tierec/config.py (tierec/data_config.py for [data]), or the comment lines just above it.
 
 >>> from tierec.config_reference import render
 >>> "| `train.batch_size` |" in render()
@@ -25,7 +25,7 @@ HEADER = """# Config reference
 
 Every key of a tierec config, by section: its type, its default and what it does. A config is TOML
 (`--config FILE`, several merge in order); `--set section.key=value` overrides one key. This page is
-generated from `tierec/config.py` (`python -m tierec.config_reference > docs/config.md`); a test keeps
+generated from `tierec/config.py` and `tierec/data_config.py` (`python -m tierec.config_reference > docs/config.md`); a test keeps
 it current.
 """
 

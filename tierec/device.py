@@ -18,9 +18,6 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 
@@ -81,32 +78,3 @@ def storage_device(model_device: torch.device | str, *, device_rows: bool) -> to
     whole rows, plain or in the tiers' fast tier), else the host (chunked rows of pruning)."""
     dev = torch.device(model_device)
     return dev if device_rows else torch.device("cpu")
-
-
-class CopyStream:
-    """A CUDA stream of its own for the copies that a thread makes ahead of the step (the tiers' prefetch):
-    they overlap the step's kernels instead of queueing behind them. On the host it does nothing.
-
-    :meth:`ahead` first orders the stream after all work already queued on the device's default stream
-    (the step's updates of rows that may now be written back), and returns only once its copies are
-    done, so the rows are in place before their batch is handed to the step.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    @contextmanager
-    def ahead(self) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            yield
-        self.stream.synchronize()
-
-    def __getstate__(self) -> dict:  # a copy of its owner (copy.deepcopy) gets a stream of its own
-        return {"device": None if self.stream is None else self.stream.device}
-
-    def __setstate__(self, state: dict) -> None:
-        self.stream = None if state["device"] is None else torch.cuda.Stream(state["device"])

@@ -105,6 +105,47 @@ def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
 
 
 @nb.njit(cache=True, nogil=True)
+def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
+    """Per lid (-1: unknown): fast-tier slot (-1 when away), home tier and home slot, through the split."""
+    for i in range(lids.shape[0]):
+        r = lids[i]
+        if r < 0:
+            cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
+            continue
+        t, p = tier[r], pos[r]
+        if t & _RESIDENT:
+            cslot[i], loc[i], home[i] = p, c_loc[p], c_home[p]
+        else:
+            cslot[i], loc[i], home[i] = -1, t, p
+
+
+@nb.njit(cache=True, nogil=True)
+def _come_up(lids, slots, loc, home, tier, pos, q_freq, lst, track_last, c_loc, c_home, c_freq, c_last, dq):
+    """Rows away from the fast tier take fast-tier ``slots``: their home (now ``loc``/``home``), count and last
+    step move to the slot arrays (``dq``: the dequantised count of each quantised one)."""
+    for i in range(lids.shape[0]):
+        r, s = lids[i], slots[i]
+        c_home[s] = home[i]
+        c_loc[s] = loc[i]
+        c_freq[s] = dq[q_freq[r]]
+        c_last[s] = lst[r] if track_last else 0
+        pos[r] = s
+        tier[r] = loc[i] | _RESIDENT
+
+
+@nb.njit(cache=True, nogil=True)
+def _go_down(lids, slots, loc, home, q, tier, pos, q_freq, lst, track_last, c_last):
+    """Resident rows leave the fast tier for their home ``loc``/``home``, with quantised counts ``q``."""
+    for i in range(lids.shape[0]):
+        r = lids[i]
+        pos[r] = home[i]
+        tier[r] = loc[i]
+        q_freq[r] = q[i]
+        if track_last:
+            lst[r] = c_last[slots[i]]
+
+
+@nb.njit(cache=True, nogil=True)
 def _insert(keys, tabs, lids, slots, lid_keys, lid_tabs):
     """Insert pairs known to be absent and unique, with the given lids."""
     n = np.uint64(slots.shape[0])
@@ -198,6 +239,7 @@ class Directory:
         for c, g in self._grow.items():
             setattr(self, c, g.array)  # [L] each
         self.attach_cache(cache_slots)
+        self._dq = dequantise(np.arange(256))  # [256] the count of each quantised one (the kernels' table)
         self.loc = _Column(self._get_loc, self._put_loc)  # [L] LOC_* home tier
         self.home = _Column(self._get_home, self._put_home)  # [L] slot in the home tier, -1 = none
         self.cslot = _Column(self._get_cslot, self._put_cslot)  # [L] fast-tier slot, -1 = not resident
@@ -337,6 +379,38 @@ class Directory:
         _find(keys, tabs, self.slots, self.keys, self.tabs, out)
         return out
 
+    def probe(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(lid, fast-tier slot, home tier, home slot) [N] each of every pair; -1, -1, LOC_NONE, -1 when unknown.
+
+        The same as ``find`` then ``cslot``, ``loc`` and ``home``, in one pass (a lookup's hot path)."""
+        return self.where(self.find(keys, tabs))
+
+    def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(lids, fast-tier slot, home tier, home slot) of lids (-1 allowed) in one pass through the split."""
+        n = lids.shape[0]
+        cs, loc, home = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
+        _where(lids, self.tier, self.pos, self.c_loc, self.c_home, cs, loc, home)
+        return lids, cs, loc, home
+
+    def away_in(self, lids: np.ndarray, loc: int) -> np.ndarray:
+        """[n] bool: the row is away from the fast tier and homed in ``loc``."""
+        return self.tier[lids] == np.int8(loc)  # the resident bit is clear and the tier byte is the home
+
+    def come_up(self, lids: np.ndarray, slots: np.ndarray, loc: np.ndarray, home: np.ndarray) -> None:
+        """Rows away from the fast tier are now in fast-tier ``slots``, homed in ``loc``/``home`` (the fast path
+        of ``cslot[lids] = slots``; ``loc``/``home`` say where their copy stays, LOC_NONE/-1 for none)."""
+        _come_up(lids.astype(np.int64, copy=False), slots.astype(np.int64, copy=False), loc.astype(np.int8, copy=False),
+                 home.astype(np.int32, copy=False), self.tier, self.pos, self.fq, self.lst if self.track_last else self.pos,
+                 self.track_last, self.c_loc, self.c_home, self.c_freq, self.c_last, self._dq)
+
+    def go_down(self, lids: np.ndarray, slots: np.ndarray, loc: np.ndarray, home: np.ndarray) -> None:
+        """Resident rows ``lids`` leave fast-tier ``slots`` for their home ``loc``/``home`` (the fast path of
+        ``cslot[lids] = -1`` after setting ``loc`` and ``home``)."""
+        slots = slots.astype(np.int64, copy=False)
+        q = quantise(self.c_freq[slots])
+        _go_down(lids.astype(np.int64, copy=False), slots, loc.astype(np.int8, copy=False), home.astype(np.int32, copy=False),
+                 q, self.tier, self.pos, self.fq, self.lst if self.track_last else self.pos, self.track_last, self.c_last)
+
     def insert(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """New lids [n] for pairs known to be absent and unique: away from every tier, count 0."""
         n = keys.shape[0]
@@ -398,6 +472,17 @@ class Directory:
         """lids of the known rows, ascending, a span at a time (bounded scratch)."""
         for lo, hi in self.spans():
             yield lo + np.flatnonzero(self.tabs[lo:hi] >= 0)
+
+    def away(self, loc: int | None = None):
+        """lids of the known rows away from the fast tier (homed in ``loc`` if given), ascending, a span at a time."""
+        for lo, hi in self.spans():
+            t = self.tier[lo:hi]
+            keep = (t == np.int8(loc)) if loc is not None else ((t & np.int8(_RESIDENT)) == 0) & (self.tabs[lo:hi] >= 0)
+            yield lo + np.flatnonzero(keep)
+
+    def away_freq(self, lids: np.ndarray) -> np.ndarray:
+        """Access counts [n] of rows away from the fast tier (``freq`` without the split)."""
+        return self._dq[self.fq[lids]]
 
     def rows_by_loc(self, n_tables: int) -> dict[int, np.ndarray]:
         """Rows per table [n_tables] of each home tier (``LOC_*``), a span at a time."""

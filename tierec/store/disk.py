@@ -15,8 +15,10 @@ GIL, from several threads at once (the device's queue depth). They go through
 an ``O_DIRECT`` descriptor, so they never enter the page cache: each read is
 the aligned 512-byte span around its records, and records less than 16 KiB
 apart share one read (fewer requests for a few more bytes). Appends are
-synced and their pages dropped (``POSIX_FADV_DONTNEED``). So the kernel does
-not quietly keep the table in RAM, and disk reads in benchmarks are real.
+synced and their pages dropped (``POSIX_FADV_DONTNEED``) on a flush thread, off
+the training step (a direct read of a range not yet synced writes it first).
+So the kernel does not quietly keep the table in RAM, and disk reads in
+benchmarks are real.
 Where O_DIRECT is refused (tmpfs), reads are buffered, readahead is turned
 off and each read's pages are dropped at once.
 
@@ -46,7 +48,7 @@ import os
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numba as nb
 import numpy as np
@@ -209,6 +211,8 @@ class DiskTier:
         self._extent = 0  # bytes of the file written so far: it may not be shorter
         self._pool: ThreadPoolExecutor | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None  # reads ahead (submit_read): never delay one on demand
+        self._flush_pool: ThreadPoolExecutor | None = None  # writes back and drops written pages, off the step
+        self._flushes: list[tuple[Future, int]] = []  # (flush, bytes it covers) not yet seen to succeed
 
     # ------------------------------------------------------------- sizes
 
@@ -281,20 +285,45 @@ class DiskTier:
                 if wrote <= 0:
                     raise DiskTierError(self.path, f"a write of {len(view):,} bytes at offset {offset:,} stopped after {done:,} bytes")
                 done += wrote
-            if self.drop_cache_after_io:  # written back now (one sequential write)
-                os.fdatasync(self.fd)
-        except OSError as e:  # a full disk: one line naming the directory and the bytes (tierec.errors)
-            if not is_disk_full(e):
-                raise
-            where = os.path.dirname(self.path)
-            hint = ("free space there or give another store.disk_path (--resume --set store.disk_path=DIR), "
-                    "then continue with --resume (the last complete checkpoint is intact)")
-            raise DiskFullError(where, len(view) - done, free_bytes(where), what="the disk tier's rows in", hint=hint) from None
+        except OSError as e:
+            self._io_failed(e, len(view) - done)
         self.bytes_written += len(view)
         self._extent = max(self._extent, offset + len(view))
-        if self.drop_cache_after_io:  # then dropped from the page cache
+        if self.drop_cache_after_io:  # written back, then dropped from the page cache, on the flush thread
+            self._reap_flushes()
+            if self._flush_pool is None:
+                self._flush_pool = ThreadPoolExecutor(1, thread_name_prefix="tierec-disk-flush")
             lo = offset - offset % _PAGE
-            os.posix_fadvise(self.fd, lo, offset + len(view) - lo, os.POSIX_FADV_DONTNEED)
+            self._flushes.append((self._flush_pool.submit(self._flush, lo, offset + len(view) - lo), len(view)))
+
+    def _flush(self, offset: int, length: int) -> None:
+        """Write a written range to the device and drop its pages (a flush thread; reads never need it: an
+        O_DIRECT read writes dirty pages of its range first, a buffered one reads them)."""
+        os.fdatasync(self.fd)
+        os.posix_fadvise(self.fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+    def _reap_flushes(self, wait: bool = False) -> None:
+        """Forget finished flushes; a failed one fails here, as the write it flushed would have."""
+        pending = []
+        for fut, nbytes in self._flushes:
+            if not (wait or fut.done()):
+                pending.append((fut, nbytes))
+                continue
+            try:
+                fut.result()
+            except OSError as e:
+                self._flushes = []
+                self._io_failed(e, nbytes)
+        self._flushes = pending
+
+    def _io_failed(self, e: OSError, nbytes: int) -> None:
+        """A full disk: one line naming the directory and the bytes (tierec.errors); anything else as it is."""
+        if not is_disk_full(e):
+            raise e
+        where = os.path.dirname(self.path)
+        hint = ("free space there or give another store.disk_path (--resume --set store.disk_path=DIR), "
+                "then continue with --resume (the last complete checkpoint is intact)")
+        raise DiskFullError(where, nbytes, free_bytes(where), what="the disk tier's rows in", hint=hint) from None
 
     def free(self, slots: np.ndarray) -> None:
         """Mark records dead; a segment left without live records is reused."""
@@ -462,14 +491,16 @@ class DiskTier:
     def drop_page_cache(self, sync: bool = False) -> None:
         """Ask the kernel to drop this file's clean pages; ``sync`` first writes dirty ones (all dropped)."""
         if sync:
+            self._reap_flushes(wait=True)
             os.fsync(self.fd)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
-        for pool in (self._pool, self._ahead_pool):
+        for pool in (self._pool, self._ahead_pool, self._flush_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
-        self._pool = self._ahead_pool = None
+        self._pool = self._ahead_pool = self._flush_pool = None
+        self._flushes = []
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -177,7 +177,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             if self.train_steps % self.spec.interval == 0:
                 self.maintain()
         d = self.index
-        lids = d.find(keys, tabs)  # [U]
+        lids, cs, loc, home = d.probe(keys, tabs)  # [U] each
         rows = np.full(keys.shape[0], -1, dtype=np.int64)
         if insert:
             unknown = np.flatnonzero(lids < 0)
@@ -187,13 +187,13 @@ class TieredGroup(Policies, TierState, TableGroup):
                 rows[rejected] = ZERO_SLOT
                 self._count(Counter.REJECTED, tabs[rejected])
                 new = unknown[admit]
-                lids[new] = d.insert(keys[new], tabs[new])
+                lids[new] = d.insert(keys[new], tabs[new])  # away from every tier: cs, loc, home say so already
                 self._count(Counter.NEW, tabs[new])
         pos = np.flatnonzero(lids >= 0)
-        rows[pos] = self._make_resident(lids[pos], self.clock, tabs=tabs[pos])
+        rows[pos] = self._make_resident(lids[pos], self.clock, tabs=tabs[pos], where=(cs[pos], loc[pos], home[pos]))
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
-            d.freq[lids[pos]] += 1.0
-            d.last[lids[pos]] = self.train_steps
+            d.c_freq[rows[pos]] += np.float32(1.0)
+            d.c_last[rows[pos]] = self.train_steps
             self.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
@@ -215,29 +215,27 @@ class TieredGroup(Policies, TierState, TableGroup):
         with self._lock:
             try:
                 d = self.index
-                lids = d.find(keys, tabs)
+                lids, cs, loc, home = d.probe(keys, tabs)
                 known = lids >= 0
-                lids = lids[known]
-                cs = d.cslot[lids]
+                lids, cs, loc, home = lids[known], cs[known], loc[known], home[known]
                 until = None
                 if next_use is not None and not self.codec.lossy:
                     until = self.clock + next_use[known].astype(np.int64)
                     res = cs >= 0
                     np.maximum.at(self.keep, cs[res].astype(np.int64), until[res])
-                away = (cs < 0) & (d.loc[lids] == LOC_DISK)
-                lids = lids[away]
+                away = (cs < 0) & (loc == LOC_DISK)
+                lids, home = lids[away], home[away]
                 until = until[away] if until is not None else None
                 fresh = self.staging.not_staged(lids)
-                lids, until = lids[fresh], (until[fresh] if until is not None else None)
+                lids, home, until = lids[fresh], home[fresh], (until[fresh] if until is not None else None)
                 if self.spec.stage_bytes is not None:  # the earliest batches' rows first (keys come in batch order)
                     n = self.staging.room(self.spec.stage_bytes, 4 * self.disk.rec_floats, lids.size)
-                    lids, until = lids[:n], (until[:n] if until is not None else None)
+                    lids, home, until = lids[:n], home[:n], (until[:n] if until is not None else None)
                 order = np.argsort(lids, kind="stable")
-                lids = lids[order]
+                lids, slots = lids[order], home[order]
                 until = until[order] if until is not None else np.full(lids.size, -1, dtype=np.int64)
                 if lids.size == 0:
                     return None
-                slots = d.home[lids].astype(np.int64)
                 return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots), until)
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
@@ -285,16 +283,17 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     # ---------------------------------------------------- data movement
 
-    def _make_resident(self, lids: np.ndarray, pin: int, tabs: np.ndarray | None = None) -> np.ndarray:
-        """Slots [n] of rows ``lids`` after bringing the missing ones up; all pinned with ``pin``."""
-        d = self.index
-        cs = d.cslot[lids].astype(np.int64)
+    def _make_resident(self, lids: np.ndarray, pin: int, tabs: np.ndarray | None = None, where=None) -> np.ndarray:
+        """Slots [n] of rows ``lids`` after bringing the missing ones up; all pinned with ``pin``.
+        ``where``: their (fast-tier slot, home tier, home slot) when the caller has them (Directory.probe)."""
+        _, cs, loc, home = (None, *where) if where is not None else self.index.where(lids)
+        cs = cs.copy()
         hit = cs >= 0
         self.pin[cs[hit]] = pin  # protect them before anything is evicted
         miss = np.flatnonzero(~hit)
         if tabs is not None:
             self._count(Counter.HITS, tabs[hit])
-            was_stored = d.loc[lids[miss]] != LOC_NONE
+            was_stored = loc[miss] != LOC_NONE
             self._count(Counter.MISSES, tabs[miss][was_stored])
         if lids.size > self.capacity:
             raise CacheCapacityError(
@@ -304,7 +303,8 @@ class TieredGroup(Policies, TierState, TableGroup):
             )
         if miss.size:
             slots = self._take_slots(miss.size)
-            self._bring_up(lids[miss], slots)
+            _, _, loc, home = self.index.where(lids[miss])  # now: making room may have moved host rows to disk
+            self._bring_up(lids[miss], slots, loc, home)
             self.pin[slots] = pin
             cs[miss] = slots
         return cs
@@ -340,11 +340,13 @@ class TieredGroup(Policies, TierState, TableGroup):
         if slots.size == 0:
             return
         d = self.index
-        lids = self.slot_lid[slots]
-        write = self.dirty[slots] | (d.loc[lids] == LOC_NONE)
+        lids = self.slot_lid[slots].astype(np.int64)
+        loc, home = d.c_loc[slots], d.c_home[slots].astype(np.int64)
+        write = self.dirty[slots] | (loc == LOC_NONE)
         if write.any():
-            self._store_home(lids[write], self._gather(slots[write]))
-        d.cslot[lids] = -1
+            w = slots[write]
+            loc[write], home[write] = self._store_home(lids[write], self._gather(w), d.c_freq[w], loc[write], home[write])
+        d.go_down(lids, slots, loc, home)
         self.slot_lid[slots] = -1
         self.dirty[slots] = False
         self.pin[slots] = 0
@@ -357,26 +359,30 @@ class TieredGroup(Policies, TierState, TableGroup):
         self._free_slots[top : top + slots.size] = slots
         self._n_free_slots = top + slots.size
 
-    def _store_home(self, lids: np.ndarray, records: np.ndarray) -> None:
-        """Write rows (records [n, W]) to host (the hottest first, while it has room), the rest to disk."""
+    def _store_home(
+        self, lids: np.ndarray, records: np.ndarray, freq: np.ndarray, loc: np.ndarray, home: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Write rows (records [n, W]; access counts ``freq``, current home ``loc``/``home``) to host (the
+        hottest first, while it has room), the rest to disk; returns their new (home tier, home slot) [n].
+        The caller records them in the directory."""
         d = self.index
         records = self.codec.encode(records, d.keys[lids], d.tabs[lids], self.clock)  # [n, words]
-        old_disk = d.loc[lids] == LOC_DISK
-        old_slots = d.home[lids][old_disk].astype(np.int64)
+        old_slots = home[loc == LOC_DISK]
+        new_loc, new_home = np.empty(lids.size, dtype=np.int8), np.empty(lids.size, dtype=np.int64)
+        order = np.arange(lids.size)
         n_host = 0
         if self.host is not None:
             if self.disk is not None and self.host.free_rows is not None and self.host.free_rows < lids.size:
-                self._demote_colder(lids, lids.size - self.host.free_rows)
+                self._demote_colder(freq, lids.size - self.host.free_rows)
             free = self.host.free_rows
             n_host = lids.size if free is None else min(free, lids.size)
             if n_host < lids.size:  # hottest rows to host
-                order = np.argsort(-d.freq[lids], kind="stable")
+                order = np.argsort(-freq, kind="stable")
                 lids, records = lids[order], records[order]
             if n_host:
                 hs = self.host.alloc(n_host)
                 self.host.write(hs, records[:n_host])
-                d.loc[lids[:n_host]] = LOC_HOST
-                d.home[lids[:n_host]] = hs
+                new_loc[order[:n_host]], new_home[order[:n_host]] = LOC_HOST, hs
                 self._count(Counter.HOST_WRITE_ROWS, d.tabs[lids[:n_host]])
         rest = lids[n_host:]
         if rest.size:
@@ -386,29 +392,36 @@ class TieredGroup(Policies, TierState, TableGroup):
                     f"(host tier full at {self.host.max_rows if self.host else 0} rows): "
                     "set store.disk_path, raise store.memory_budget, or bound the table with store.max_rows"
                 )
-            ds = self.disk.append(rest, records[n_host:])
-            d.loc[rest] = LOC_DISK
-            d.home[rest] = ds
+            new_loc[order[n_host:]], new_home[order[n_host:]] = LOC_DISK, self.disk.append(rest, records[n_host:])
             self._count(Counter.DISK_WRITE_ROWS, d.tabs[rest])
         if self.disk is not None and old_slots.size:
             self.disk.free(old_slots)
+        return new_loc, new_home
 
-    def _bring_up(self, lids: np.ndarray, slots: np.ndarray) -> None:
-        """Fill ``slots`` with rows ``lids`` from their homes (new rows are initialised)."""
+    def _store_away(self, lids: np.ndarray, records: np.ndarray) -> None:
+        """Home rows away from every tier (records [n, W]) in host or disk (``_store_home``) and say so."""
         d = self.index
-        loc = d.loc[lids]
+        none = np.zeros(lids.size, dtype=np.int8)
+        loc, home = self._store_home(lids, records, d.freq[lids], none, np.full(lids.size, -1, dtype=np.int64))
+        d.loc[lids] = loc
+        d.home[lids] = home
+
+    def _bring_up(self, lids: np.ndarray, slots: np.ndarray, loc: np.ndarray, home: np.ndarray) -> None:
+        """Fill ``slots`` with rows ``lids`` (away from the fast tier, homed in ``loc``/``home``) from their
+        homes (new rows are initialised)."""
+        d = self.index
+        new_loc, new_home = loc.copy(), home.copy()  # where a copy stays once they are up
         on_host = np.flatnonzero(loc == LOC_HOST)
         if on_host.size:
-            hs = d.home[lids[on_host]].astype(np.int64)
+            hs = home[on_host]
             self._scatter(slots[on_host], self.codec.decode(self.host.read(hs)))
             self.host.free(hs)
-            d.loc[lids[on_host]] = LOC_NONE  # the cache holds the only copy now
-            d.home[lids[on_host]] = -1
+            new_loc[on_host], new_home[on_host] = LOC_NONE, -1  # the cache holds the only copy now
             self.dirty[slots[on_host]] = True
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            payload, until = self._read_disk(lids[on_disk])
+            payload, until = self._read_disk(lids[on_disk], home[on_disk])
             self._scatter(slots[on_disk], self.codec.decode(payload))
             self.keep[slots[on_disk]] = until  # rows read ahead for a later batch of the window too
             self.dirty[slots[on_disk]] = False
@@ -418,13 +431,13 @@ class TieredGroup(Policies, TierState, TableGroup):
             nl = lids[new]
             self._init_rows(slots[new], d.keys[nl], d.tabs[nl].astype(np.int32))
             self.dirty[slots[new]] = True
-        d.cslot[lids] = slots
+        d.come_up(lids, slots, new_loc, new_home)
         self.slot_lid[slots] = lids
 
-    def _read_disk(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk homes: records read ahead where
-        still current (with the lookup their window needs them until), the rest read now (-1)."""
-        homes = self.index.home[lids].astype(np.int64)
+    def _read_disk(self, lids: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk slots ``homes``: records read
+        ahead where still current (with the lookup their window needs them until), the rest read now (-1)."""
+        homes = homes.astype(np.int64, copy=False)
         found, staged, until = self.staging.take(lids, homes, self.disk.epochs(homes))
         keep = np.full(lids.size, -1, dtype=np.int64)
         if not found.any():

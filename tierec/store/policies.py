@@ -53,14 +53,15 @@ class Policies:
     # -------------------------------------------------- host rows making room
 
     def _demote_colder(self, incoming: np.ndarray, need: int) -> None:
-        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``) by moving host rows
-        that are colder than they are to disk, the coldest first. Without it a host tier filled once (by
-        a load, or early in a run) keeps rows that are never used again while hotter rows go to disk."""
+        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts) by
+        moving host rows that are colder than they are to disk, the coldest first. Without it a host tier
+        filled once (by a load, or early in a run) keeps rows that are never used again while hotter rows go
+        to disk."""
         d = self.index
         cand = self._cold_candidates(need)
         if cand.size == 0:
             return
-        hot = np.sort(d.freq[incoming])[::-1][: cand.size]
+        hot = np.sort(incoming)[::-1][: cand.size]
         n = int(np.count_nonzero(hot > d.freq[cand]))  # both sorted: a prefix
         if n == 0:
             return
@@ -83,7 +84,7 @@ class Policies:
                 self._cold_host = self._extreme(max(self.host.max_rows // 8, need), LOC_HOST, hottest=False)
                 self._cold_pos = 0
             q = self._cold_host[self._cold_pos :]
-            ok = q[(d.loc[q] == LOC_HOST) & (d.cslot[q] < 0)]
+            ok = q[d.away_in(q, LOC_HOST)]
             if ok.size or self._cold_pos == 0:
                 self._cold_host, self._cold_pos = ok, 0
                 return ok[:need]
@@ -100,10 +101,7 @@ class Policies:
 
     def _away(self, loc: int | None = None):
         """lids of the known rows away from the fast tier (homed in ``loc`` if given), a span at a time."""
-        d = self.index
-        for lids in d.live_spans():
-            lids = lids[d.cslot[lids] < 0]
-            yield lids if loc is None else lids[d.loc[lids] == loc]
+        yield from self.index.away(loc)
 
     def _extreme(self, k: int, loc: int | None, hottest: bool) -> np.ndarray:
         """lids of the ``k`` most (least) accessed rows away from the fast tier, hottest (coldest) first.
@@ -113,7 +111,7 @@ class Policies:
         pick = hotness.highest if hottest else hotness.lowest
         lids, freq = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.float32)]
         for span in self._away(loc):
-            f = self.index.freq[span]
+            f = self.index.away_freq(span)
             best = pick(f, k)
             lids.append(span[best])
             freq.append(f[best])
@@ -139,7 +137,8 @@ class Policies:
             return
         slots = self._take_slots(n, best_effort=True)
         up = hot[: slots.size]
-        self._bring_up(up, slots)
+        _, _, loc, home = d.where(up)
+        self._bring_up(up, slots, loc, home)
         self._count(Counter.PROMOTED, d.tabs[up])
 
     def place_by_hotness(self) -> None:

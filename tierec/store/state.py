@@ -133,7 +133,7 @@ class TierState:
                 d.freq[kl] = freq[known]
             if last is not None:
                 d.last[kl] = last[known]
-            self._store_home(away, rec[known[~res]])
+            self._store_away(away, rec[known[~res]])
         new = np.flatnonzero(lids < 0)
         if new.size:
             nl = d.insert(ids[new], tabs[new])
@@ -148,7 +148,7 @@ class TierState:
                 self._place(nl[~home], s[~home], rec[new[~home]])
             d.freq[nl] = freq[new] if freq is not None else np.zeros(new.size, dtype=np.float32)
             d.last[nl] = last[new] if last is not None else np.full(new.size, self.train_steps, dtype=np.int64)
-            self._store_home(nl[home], rec[new[home]])
+            self._store_away(nl[home], rec[new[home]])
 
     def _place(self, lids: np.ndarray, slots: np.ndarray, rec: np.ndarray) -> None:
         """Put new rows ``lids`` (away from every tier) into free fast-tier ``slots`` with records [n, W]."""

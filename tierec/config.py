@@ -257,9 +257,10 @@ class StoreConfig:
     without ``prefetch``), so ``prune.enabled`` is refused with it; resume from a checkpoint is
     exact (same store sizes).
 
-    ``prefetch`` reads the disk rows of the next window of ``prefetch_depth`` batches on the disk
-    tier's read-ahead threads while the current window computes (tierec/store/pipeline.py); it
-    changes no number.
+    ``prefetch`` reads the disk rows of the next window of up to ``prefetch_depth`` batches on the
+    disk tier's read-ahead threads while the current window computes (tierec/store/pipeline.py;
+    windows get shorter while their rows do not fit in their share of the budget); it changes no
+    number.
     """
 
     enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
@@ -282,7 +283,7 @@ class StoreConfig:
     # pipeline: read the next window's disk rows while this window computes (with a disk tier; an eighth of
     # memory_budget holds them). On by default: 1.2-1.4x the samples/s of reading on demand at 4x (docs/performance.md)
     prefetch: bool = True
-    prefetch_depth: int = 4  # batches per read-ahead window (4 measured best at 4x: 8 outgrows its share of the budget)
+    prefetch_depth: int = 4  # batches per read-ahead window at most (4 measured best at 4x; fewer where they do not fit)
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 

@@ -115,3 +115,22 @@ def test_the_budget_makes_room_for_the_windows() -> None:
     assert full.stage_bytes == 0 and full.host_bytes == 48 << 20
     partial = spec("store.host_size=40MiB")
     assert partial.stage_bytes == 8 << 20
+
+
+@pytest.mark.parametrize("budget, shorter", [("320KiB", True), ("16MiB", False)])
+def test_windows_shorten_where_they_do_not_fit_and_change_no_number(tmp_path, budget: str, shorter: bool) -> None:
+    from tierec.config import load_config
+    from tierec.train.trainer import Trainer
+
+    base = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=1024", "train.progress=false",
+            "train.plots=false", "train.epochs=3", "embedding.dim=8", "store.enabled=true", f"store.memory_budget={budget}",
+            "store.cache_size=192KiB"]
+    out = {}
+    for name, extra in (("off", ["store.prefetch=false"]), ("on", ["store.prefetch=true", "store.prefetch_depth=4"])):
+        cfg = load_config(None, base + extra + [f"store.disk_path={tmp_path / name / 'disk'}"])
+        out[name] = Trainer(cfg, tmp_path / name, echo=lambda _: None).fit()
+    a, b = out["off"], out["on"]
+    assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
+    pipe = b["store"]["pipeline"]
+    assert (pipe["smallest_window"] < 4) is shorter  # a small budget: windows of fewer batches
+    assert b["store"]["disk_read_rows"] > 0 or not shorter

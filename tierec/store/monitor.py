@@ -99,8 +99,8 @@ class StoreMonitor:
         """One line on the read-ahead stage, or "" when there is none."""
         if self.pipeline is None or not self.pipeline.targets:
             return ""
-        return (f"store: reading disk rows ahead in windows of {self.pipeline.depth} batches "
-                "(store.prefetch, store.prefetch_depth; an eighth of store.memory_budget holds them)")
+        return (f"store: reading disk rows ahead in windows of up to {self.pipeline.depth} batches, fewer while they "
+                "do not fit in their eighth of store.memory_budget (store.prefetch, store.prefetch_depth)")
 
     def pipeline_stats(self) -> dict[str, float]:
         if self.pipeline is None:

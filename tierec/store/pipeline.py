@@ -1,14 +1,18 @@
 """StorePipeline: stage 3 of the training pipeline for tiered tables: the disk reads of the next window.
 
-Batches go through in order, in windows of ``depth`` (k) batches. One batch
-before a window starts (``LEAD``), the rows of its k batches are deduplicated
+Batches go through in order, in windows of up to ``depth`` (k) batches. One batch
+before a window starts (``LEAD``), the rows of its batches are deduplicated
 per tiered group and handed to the group's
 :meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up. The stage has no thread of
 its own: it runs on the caller's thread between steps, and the reads wait on
-the device beside the compute.
+the device beside the compute. The windows' records have a share of the
+memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
+(the rest would be read on demand), the next window is half as long, and while
+the windows use less than half of it, twice as long, up to ``depth``: a small
+budget reads ahead fewer batches at a time, not a truncated part of many.
 
 Exact by construction: reading ahead changes no number (a lookup uses a
 record read ahead only while it is still the row's record; with fp32 cold rows
@@ -74,6 +78,9 @@ class StorePipeline:
         self.wait_s = 0.0  # the step waiting for the batches upstream (the loader)
         self.stage_s = 0.0  # this stage's own time on the caller's thread (dedupe, starting the reads)
         self.batches = 0
+        self.window = depth  # batches in the next window: ``depth`` at most, fewer where they do not fit (_adapt)
+        self.smallest_window = depth
+        self._dropped = 0  # rows the windows could not hold, so far
         self._dedupe = Deduper()
 
     def stats(self) -> dict[str, float]:
@@ -88,6 +95,8 @@ class StorePipeline:
             "staged_used_rows": sum(s.used_rows for s in st),
             "batches": self.batches,
             "depth": self.depth,
+            "window": self.window,
+            "smallest_window": self.smallest_window,
         }
 
     def stage(self, window: list[Any], first: int) -> list[tuple[Any, int]]:
@@ -123,10 +132,9 @@ class StorePipeline:
         if not self.targets:
             yield from batches
             return
-        k = self.depth
         source = iter(batches)
-        ahead: deque[Any] = deque()  # batches t .. t + 2k - 1
-        windows: deque[list[tuple[Any, int]]] = deque()
+        ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
+        windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
 
         def pull(n: int) -> None:
             t0 = time.perf_counter()
@@ -137,27 +145,48 @@ class StorePipeline:
                     break
             self.wait_s += time.perf_counter() - t0
 
+        t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
-            pull(k)
-            windows.append(self.stage(list(ahead), 1))  # the first window: read now, waited for by its lookups
-            lead = min(LEAD, k)
-            t = 0
             while True:
-                if t % k == 0 and t and windows:  # the previous window's batches are all looked up
-                    self._release(windows.popleft())
-                if (t + lead) % k == 0:  # the next window starts `lead` batches from now: read it
-                    pull(lead + k)
-                    windows.append(self.stage(list(ahead)[lead : lead + k], lead + 1))  # batch t is the next lookup
+                while windows and windows[0][0] <= t:  # its batches are all looked up
+                    self._release(windows.popleft()[1])
+                while t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
+                    pull(start - t + self.window)
+                    window = list(ahead)[start - t : start - t + self.window]
+                    if not window:
+                        break
+                    windows.append((start + len(window), self.stage(window, start - t + 1)))  # batch t: lookup 1
+                    start += len(window)
+                    self._adapt()
+                pull(1)
                 if not ahead:
                     return
                 t += 1
                 self.batches += 1
                 yield ahead.popleft()
         finally:
-            for w in windows:
+            for _, w in windows:
                 self._release(w)
-            for t in self.targets:
-                t.group.release_staged()
+            for tg in self.targets:
+                tg.group.release_staged()
+
+    def _adapt(self) -> None:
+        """The next window's length: halved while a window's rows do not fit in the memory the windows have
+        (rows were dropped: read on demand after all), doubled up to ``depth`` while the windows held use
+        less than half of it."""
+        dropped = sum(tg.group.staging.stats.dropped_rows for tg in self.targets)
+        held, room = 0, 0
+        for tg in self.targets:
+            if tg.group.spec.stage_bytes is None:
+                return  # no bound: the full depth always fits
+            held += tg.group.staging.nbytes()
+            room += tg.group.spec.stage_bytes
+        if dropped > self._dropped:
+            self.window = max(1, self.window // 2)
+        elif 2 * held < room:
+            self.window = min(self.depth, 2 * self.window)
+        self._dropped = dropped
+        self.smallest_window = min(self.smallest_window, self.window)
 
     @staticmethod
     def _release(window: list[tuple[Any, int]]) -> None:

@@ -93,3 +93,15 @@ def test_the_space_by_data_size_and_its_narrowing(tmp_path: Path, capsys) -> Non
         narrow(default_space(cfg, None), {"dropout": [0.5, 0.1]})
     assert main(["tune", "--run-dir", str(tmp_path / "t"), *_sets(TINY + ["tune.space.dropout=[0.5, 0.1]"])]) == 2
     assert "low <= high" in capsys.readouterr().err
+
+
+def test_timeout_stops_starting_trials_and_still_trains_the_best(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "tune"
+    assert main(["tune", "--run-dir", str(run), "--trials", "50", "--timeout", "0.01", "--no-progress", *_sets(TINY)]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("trial ") for line in out.splitlines()) == 1  # the running trial finishes, no other starts
+    assert "--timeout 0.01 s reached: 1 of 50 trials finished" in out and "--resume" in out
+    summary = json.loads((run / "tune_summary.json").read_text())
+    assert summary["timed_out"] and summary["trials"] == 1 and 0.5 < summary["test_auc"] <= 1.0
+    assert main(["tune", "--run-dir", str(tmp_path / "t2"), "--timeout", "-1", *_sets(TINY)]) == 2
+    assert "--timeout must be >= 0" in capsys.readouterr().err

@@ -63,6 +63,7 @@ class TuneJob:
     trials: int = 20  # the study's total of finished (complete or pruned) trials
     resume: bool = False
     storage: str = ""  # an RDB URL; "" = sqlite:///RUN_DIR/study.db
+    timeout: float = 0.0  # seconds after which no new trial starts (the running one finishes); 0 = none
     echo: Callable[[str], None] = print
     pruner: Any = None  # an optuna pruner (default: MedianPruner from the [tune] settings)
 
@@ -192,8 +193,13 @@ class Tuner:
         def report(study: Any, trial: Any) -> None:
             self.job.echo(_progress_line(trial, _best(study)))
 
-        study.optimize(self._objective, n_trials=left, callbacks=[report, stop_at], catch=(TrainingDiverged,),
-                       gc_after_trial=True)
+        t0 = time.perf_counter()
+        study.optimize(self._objective, n_trials=left, timeout=self.job.timeout or None, callbacks=[report, stop_at],
+                       catch=(TrainingDiverged,), gc_after_trial=True)
+        done = self._finished(study)
+        if self.job.timeout and done < self.job.trials and time.perf_counter() - t0 >= self.job.timeout:
+            self.job.echo(f"--timeout {self.job.timeout:g} s reached: {done} of {self.job.trials} trials finished "
+                          f"(`tierec tune --run-dir {self.job.run_dir} --resume` continues the study)")
 
     def _objective(self, trial: Any) -> float:
         params = self.space.sample(trial)
@@ -262,6 +268,7 @@ class Tuner:
             "best_validation_auc": best.value,
             "test_auc": final["test_auc"],
             "test_logloss": final["test_logloss"],
+            "timed_out": bool(self.job.timeout) and self._finished(study) < self.job.trials,
             "final_run_dir": str(final_dir),
             "storage": self.job.storage or f"sqlite:///{self.job.run_dir / STUDY_FILE}",
         }

@@ -269,7 +269,7 @@ class Tuner:
         if stop:  # the trial's value is its AUC at best_step: the final run stops at the same point of its epochs
             cfg = with_values(cfg, {"train.max_steps": stop})
         at = f" at step {best_step} of {steps}" if best_step and steps else ""
-        length = f"{stop} steps, where the trial peaked" if stop else f"{cfg.train.epochs} epochs"
+        length = f"{stop} steps, where the trial peaked" if stop else f"{cfg.train.epochs} epoch{'s' * (cfg.train.epochs != 1)}"
         header = (f"# tierec tune: trial {best.number} of {self.job.run_dir} (validation AUC {best.value:.4f}{at}), "
                   f"trained on train + validation for {length}\n")
         self.files.write_text("best.toml", header + dump_toml(to_dict(cfg)))

@@ -8,7 +8,7 @@
     tierec serve DIR [--port P] [--host 127.0.0.1] [--follow RUN_DIR [--poll SECONDS]]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
-    tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--resume] [--storage URL]
+    tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--timeout S] [--resume] [--storage URL]
     tierec inspect FILE [--rows N] [--delimiter D] [--header/--no-header] [--encoding E] [--out schema.toml]
     tierec bench [benchmark options]
 
@@ -149,7 +149,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not args.progress:
         cfg.train.progress = False
     preflight(cfg)
-    summary = Tuner(TuneJob(cfg, tune, run_dir, trials=args.trials, resume=args.resume, storage=args.storage)).run()
+    if args.timeout < 0:
+        raise ConfigError(f"--timeout must be >= 0 seconds, got {args.timeout:g}")
+    summary = Tuner(TuneJob(cfg, tune, run_dir, trials=args.trials, resume=args.resume, storage=args.storage,
+                            timeout=args.timeout)).run()
     print()
     print(f"trials          {summary['trials']} ({summary['complete']} complete, {summary['pruned']} pruned, {summary['failed']} failed)")
     print(f"best trial      {summary['best_trial']}  (validation AUC {summary['best_validation_auc']:.4f})")
@@ -436,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="finished (complete or pruned) trials the study ends with, counting earlier ones (default: 20)")
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --run-dir up to --trials, with its own config.toml and tune.toml")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="start no new trial after this many seconds (the running one finishes, then the best is "
+                        "trained on train + validation as usual; --resume continues the study); default: none")
     p.add_argument("--storage", default="", metavar="URL",
                    help="an RDB URL (e.g. postgresql://host/db, sqlite:///shared/study.db) for a study shared by "
                         "several machines (default: sqlite:///DIR/study.db)")

@@ -7,7 +7,8 @@ Run directory (claimed like a training run's; every file written through RunFile
 - ``config.toml`` (the base config), ``tune.toml`` (the ``[tune]`` settings and the space searched);
 - ``trials/NNNN/``: each trial's run directory (its ``train.log``, metrics and checkpoints);
 - ``best.toml``: the best trial's config, trained on train + validation (no validation split, no periodic
-  evaluations), for ``tierec train --config best.toml``;
+  evaluations) up to the point of its epochs where the trial's validation AUC peaked (``train.max_steps``;
+  all its epochs when it peaked at the end), for ``tierec train --config best.toml``;
 - ``final/``: that run (``tierec eval DIR/final``); ``trials.png``: the trials' validation AUC, best so far;
 - ``tune_summary.json``: the trials, the best one's parameters and validation AUC, and the final test AUC.
 
@@ -63,6 +64,7 @@ class TuneJob:
     trials: int = 20  # the study's total of finished (complete or pruned) trials
     resume: bool = False
     storage: str = ""  # an RDB URL; "" = sqlite:///RUN_DIR/study.db
+    timeout: float = 0.0  # seconds after which no new trial starts (the running one finishes); 0 = none
     echo: Callable[[str], None] = print
     pruner: Any = None  # an optuna pruner (default: MedianPruner from the [tune] settings)
 
@@ -94,18 +96,34 @@ def final_config(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=data, train=train)
 
 
-def trial_config(base: Config, params: dict[str, Any], evals_per_epoch: int) -> Config:
-    """The base config with a trial's parameters, evaluating ``evals_per_epoch`` times per epoch, quietly."""
-    cfg = with_values(base, {KEYS[name]: value for name, value in params.items()})
+def steps_per_epoch(cfg: Config) -> int | None:
+    """About how many steps one epoch of ``cfg``'s training split takes (None: unknown)."""
     rows = train_rows(cfg)
     if rows is None:  # shards: their manifest knows
         from tierec.data import open_dataset
 
-        steps = open_dataset(cfg.data).source("train", cfg.train.batch_size).num_batches or evals_per_epoch
-    else:
-        steps = math.ceil(rows / cfg.train.batch_size)
+        return open_dataset(cfg.data).source("train", cfg.train.batch_size).num_batches
+    return math.ceil(rows / cfg.train.batch_size)
+
+
+def trial_config(base: Config, params: dict[str, Any], evals_per_epoch: int) -> Config:
+    """The base config with a trial's parameters, evaluating ``evals_per_epoch`` times per epoch, quietly."""
+    cfg = with_values(base, {KEYS[name]: value for name, value in params.items()})
+    steps = steps_per_epoch(cfg) or evals_per_epoch
     quiet = {"train.progress": False, "train.plots": False, "train.tensorboard": False}
     return with_values(cfg, {"train.eval_every": max(1, steps // evals_per_epoch), **quiet})
+
+
+def final_steps(trial_cfg: Config, final_cfg: Config, best_step: int | None, steps: int | None) -> int:
+    """The steps the final run trains so that it stops where the trial's validation AUC peaked: the trial's best
+    step as a share of its epochs, of the final run's (larger) epochs; 0 (all the epochs) when the trial peaked
+    at its end, or when either length is unknown (a study made before trials recorded their best step)."""
+    if not best_step or not steps or best_step >= steps:
+        return 0
+    trial_epoch, final_epoch = steps_per_epoch(trial_cfg), steps_per_epoch(final_cfg)
+    if not trial_epoch or not final_epoch:
+        return 0
+    return max(1, round(best_step / trial_epoch * final_epoch))
 
 
 def _progress_line(trial: Any, best: Any) -> str:
@@ -192,8 +210,13 @@ class Tuner:
         def report(study: Any, trial: Any) -> None:
             self.job.echo(_progress_line(trial, _best(study)))
 
-        study.optimize(self._objective, n_trials=left, callbacks=[report, stop_at], catch=(TrainingDiverged,),
-                       gc_after_trial=True)
+        t0 = time.perf_counter()
+        study.optimize(self._objective, n_trials=left, timeout=self.job.timeout or None, callbacks=[report, stop_at],
+                       catch=(TrainingDiverged,), gc_after_trial=True)
+        done = self._finished(study)
+        if self.job.timeout and done < self.job.trials and time.perf_counter() - t0 >= self.job.timeout:
+            self.job.echo(f"--timeout {self.job.timeout:g} s reached: {done} of {self.job.trials} trials finished "
+                          f"(`tierec tune --run-dir {self.job.run_dir} --resume` continues the study)")
 
     def _objective(self, trial: Any) -> float:
         params = self.space.sample(trial)
@@ -224,6 +247,7 @@ class Tuner:
                 trainer.close()
                 trial.set_user_attr("seconds", time.perf_counter() - t0)
         trial.set_user_attr("steps", summary["steps"])
+        trial.set_user_attr("best_step", summary.get("best_step"))  # where its value (best validation AUC) was
         if pruned[0]:
             raise self.optuna.TrialPruned(f"pruned at evaluation {evals[0]} (step {summary['steps']})")
         return float(summary["best_validation_auc"])
@@ -238,12 +262,19 @@ class Tuner:
         best = _best(study)
         if best is None:
             raise ConfigError(f"no trial of the study finished ({len(trials)} tried; see {self.job.run_dir}/trials/*/train.log)")
-        cfg = final_config(with_values(self.base, {KEYS[k]: v for k, v in self._params(best).items()}))
-        header = (f"# tierec tune: trial {best.number} of {self.job.run_dir} (validation AUC {best.value:.4f}), "
-                  "trained on train + validation\n")
+        trial_cfg = with_values(self.base, {KEYS[k]: v for k, v in self._params(best).items()})
+        cfg = final_config(trial_cfg)
+        best_step, steps = best.user_attrs.get("best_step"), best.user_attrs.get("steps")
+        stop = final_steps(trial_cfg, cfg, best_step, steps)
+        if stop:  # the trial's value is its AUC at best_step: the final run stops at the same point of its epochs
+            cfg = with_values(cfg, {"train.max_steps": stop})
+        at = f" at step {best_step} of {steps}" if best_step and steps else ""
+        length = f"{stop} steps, where the trial peaked" if stop else f"{cfg.train.epochs} epoch{'s' * (cfg.train.epochs != 1)}"
+        header = (f"# tierec tune: trial {best.number} of {self.job.run_dir} (validation AUC {best.value:.4f}{at}), "
+                  f"trained on train + validation for {length}\n")
         self.files.write_text("best.toml", header + dump_toml(to_dict(cfg)))
-        self.job.echo(f"best trial {best.number}: validation AUC {best.value:.4f}; training it on train + validation "
-                      f"({self.job.run_dir / 'final'})")
+        self.job.echo(f"best trial {best.number}: validation AUC {best.value:.4f}{at}; training it on train + validation "
+                      f"for {length} ({self.job.run_dir / 'final'})")
         final_dir = self.files.directory("final")
         with claim_run_dir(final_dir, resume=False, overwrite=True):
             trainer = Trainer(cfg, final_dir, echo=self.job.echo)
@@ -260,8 +291,11 @@ class Tuner:
             "best_trial": best.number,
             "best_params": self._params(best),
             "best_validation_auc": best.value,
+            "best_step": best_step,
+            "final_steps": final["steps"],
             "test_auc": final["test_auc"],
             "test_logloss": final["test_logloss"],
+            "timed_out": bool(self.job.timeout) and self._finished(study) < self.job.trials,
             "final_run_dir": str(final_dir),
             "storage": self.job.storage or f"sqlite:///{self.job.run_dir / STUDY_FILE}",
         }

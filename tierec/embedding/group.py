@@ -39,6 +39,17 @@ class TableGroup(TracksChanges):
     counts_accesses = False  # update() ignores how many ids each row served
 
     def __init__(self, tables: list[TableConfig], seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self._describe(tables, seed, device)
+        self.index = HashIndex(n_tables=len(tables))
+        self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
+        self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
+        self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
+        self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
+
+    def _describe(self, tables: list[TableConfig], seed: int, device: torch.device | str) -> None:
+        """What every storage of a group's rows shares, whatever holds them (this class: growable arrays behind
+        a HashIndex; tierec.store.group.TieredGroup: a fast tier over host and disk): the tables, their dim
+        and optimizer, the seed of new rows, the device, the update count."""
         keys = {t.group_key() for t in tables}
         if len(keys) != 1:
             raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
@@ -47,15 +58,10 @@ class TableGroup(TracksChanges):
         self.optimizer = tables[0].optimizer
         self.seed = seed
         self.device = torch.device(device)
-        self.index = HashIndex(n_tables=len(tables))
         self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
-        self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
-        self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
         self.step = 0  # updates applied (Adam's bias correction)
-        self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
         self._changes: ChangeLog | None = None  # rows changed since the last publication, once tracked
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
-        self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
 
     @property
     def num_rows(self) -> int:

@@ -102,7 +102,7 @@ class TieredGroup(Policies, TierState, TableGroup):
     def __init__(
         self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
     ) -> None:
-        super().__init__(tables, seed=seed, device=device)
+        self._describe(tables, seed, device)  # a TableGroup's description; its rows live here instead
         self.spec = spec
         shapes = state_shapes(self.optimizer.kind, self.dim)
         self._state_widths = {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()}

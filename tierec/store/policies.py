@@ -19,6 +19,9 @@ its directory entry; if the id comes back it starts afresh.
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from tierec.store import hotness
@@ -26,8 +29,32 @@ from tierec.store.directory import LOC_DISK, LOC_HOST
 from tierec.sizes import release_free_memory
 from tierec.store.spec import CachePolicy, Counter
 
+if TYPE_CHECKING:
+    from tierec.store.directory import Directory
+    from tierec.store.disk import DiskTier
+    from tierec.store.host import HostTier
+    from tierec.store.spec import TierSpec
+
 
 class Policies:
+    """The hotness pass and the host tier's demotions of a TieredGroup. It works on the group's state, declared
+    here (set by ``TieredGroup.__init__``), and moves rows with the group's ``_take_slots``, ``_bring_up``,
+    ``free_rows`` and ``_count``."""
+
+    index: Directory
+    spec: TierSpec
+    host: HostTier | None
+    disk: DiskTier | None
+    slot_lid: np.ndarray  # [C+1] lid in each fast-tier slot
+    pin: np.ndarray  # [C+1] lookup that pinned each slot
+    keep: np.ndarray  # [C+1] lookup of the read-ahead window each slot is kept for
+    clock: int  # lookups so far
+    train_steps: int  # training lookups so far
+    _n_free_slots: int
+    _cold_host: np.ndarray | None  # host rows ranked coldest first, since the last pass
+    _cold_pos: int  # how many of them went to disk
+    _lock: threading.RLock
+
     def maintain(self) -> None:
         d, spec = self.index, self.spec
         if spec.decay < 1.0:

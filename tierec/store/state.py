@@ -23,6 +23,9 @@ codecs are idempotent), so the checkpoint format stays float32.
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -30,8 +33,41 @@ from torch import Tensor
 from tierec.store.directory import LOC_DISK, LOC_HOST
 from tierec.store.spec import Counter
 
+if TYPE_CHECKING:
+    from tierec.store.codec import RowCodec
+    from tierec.store.directory import Directory
+    from tierec.store.disk import DiskTier
+    from tierec.store.host import HostTier
+    from tierec.store.hotness import CountMinSketch
+
 
 class TierState:
+    """Checkpoint records of a TieredGroup. It reads and writes the group's state, declared here (set by
+    ``TieredGroup.__init__``), through the group's ``read_rows``, ``_scatter``, ``_store_away`` and ``_note``."""
+
+    index: Directory
+    codec: RowCodec
+    host: HostTier | None
+    disk: DiskTier | None
+    sketch: CountMinSketch | None
+    state: dict[str, Tensor]  # the fast tier's optimizer state
+    dim: int
+    record_width: int
+    capacity: int  # fast-tier slots
+    slot_lid: np.ndarray
+    pin: np.ndarray
+    keep: np.ndarray
+    dirty: np.ndarray
+    counters: np.ndarray  # [n_tables, len(Counter)]
+    clock: int
+    train_steps: int
+    max_batch_rows: int
+    _state_widths: dict[str, int]
+    _free_slots: np.ndarray
+    _n_free_slots: int
+    _saved_free: np.ndarray | None
+    _lock: threading.RLock
+
     def row_extent(self) -> int:
         return self.index.high
 

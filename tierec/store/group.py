@@ -46,19 +46,18 @@ from __future__ import annotations
 import threading
 import time
 
-import numba as nb
 import numpy as np
 import torch
 from torch import Tensor
 
-from tierec.device import copy_to
 from tierec.embedding.group import TableGroup
-from tierec.embedding.optimizers import new_state, state_shapes
+from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig
 from tierec.store import hotness
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
+from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.host import HostTier
 from tierec.store.hotness import CountMinSketch
 from tierec.store.policies import Policies
@@ -66,29 +65,6 @@ from tierec.store.staging import Staging
 from tierec.store.state import TierState
 from tierec.sizes import format_size
 from tierec.store.spec import CachePolicy, Counter, TierSpec
-
-ZERO_SLOT = 0
-
-
-@nb.njit(cache=True, nogil=True)
-def _gather_cols(src, slots, out, col):
-    """out[i, col:col+w] = src[slots[i]] for a [C, w] array of the fast tier."""
-    w = src.shape[1]
-    for i in range(slots.shape[0]):
-        r = slots[i]
-        for j in range(w):
-            out[i, col + j] = src[r, j]
-
-
-@nb.njit(cache=True, nogil=True)
-def _scatter_cols(dst, slots, rec, col):
-    """dst[slots[i]] = rec[i, col:col+w]."""
-    w = dst.shape[1]
-    for i in range(slots.shape[0]):
-        r = slots[i]
-        for j in range(w):
-            dst[r, j] = rec[i, col + j]
-
 
 class CacheCapacityError(RuntimeError):
     """The fast tier cannot hold all rows of one batch at once."""
@@ -104,28 +80,19 @@ class TieredGroup(Policies, TierState, TableGroup):
     ) -> None:
         self._describe(tables, seed, device)  # a TableGroup's description; its rows live here instead
         self.spec = spec
-        shapes = state_shapes(self.optimizer.kind, self.dim)
-        self._state_widths = {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()}
-        self.record_width = self.dim + sum(self._state_widths.values())  # float32 per row
+        widths = state_shapes(self.optimizer.kind, self.dim)
+        self.record_width = self.dim + sum(int(np.prod(s, dtype=np.int64)) for s in widths.values())  # float32 per row
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
         if self.capacity < 1:
             raise CacheCapacityError(
                 f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
+        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device)
+        self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
-        # Fast tier: [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
-        self.weights = torch.empty(self.capacity + 1, self.dim, device=self.device)
-        self.weights[ZERO_SLOT].zero_()
-        self.state = new_state(self.optimizer, self.capacity + 1, self.dim, self.device)
-        self.slot_lid = np.full(self.capacity + 1, -1, dtype=np.int32)  # [C+1] lid in each slot
-        self.pin = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
-        self.keep = np.zeros(self.capacity + 1, dtype=np.int64)  # [C+1] a later lookup of the read-ahead window needs it
-        self.dirty = np.zeros(self.capacity + 1, dtype=bool)  # [C+1] changed since it came up
-        self._free_slots = np.arange(self.capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
-        self._n_free_slots = self.capacity
         self._saved_free: np.ndarray | None = None  # free-slot stack of a checkpoint being loaded (TierState)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
-        self.codec = row_codec(spec.cold_precision, self.dim, list(self._state_widths.values()), seed)
+        self.codec = row_codec(spec.cold_precision, self.dim, list(self.fast.state_widths.values()), seed)
         host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.codec.words)
         self.host = HostTier(self.codec.words, host_rows) if host_rows != 0 else None
         self.disk = (
@@ -194,7 +161,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
             d.c_freq[rows[pos]] += np.float32(1.0)
             d.c_last[rows[pos]] = self.train_steps
-            self.dirty[rows[pos]] = True  # the backward updates them
+            self.fast.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
 
@@ -222,7 +189,7 @@ class TieredGroup(Policies, TierState, TableGroup):
                 if next_use is not None and not self.codec.lossy:
                     until = self.clock + next_use[known].astype(np.int64)
                     res = cs >= 0
-                    np.maximum.at(self.keep, cs[res].astype(np.int64), until[res])
+                    np.maximum.at(self.fast.keep, cs[res].astype(np.int64), until[res])
                 away = (cs < 0) & (loc == LOC_DISK)
                 lids, home = lids[away], home[away]
                 until = until[away] if until is not None else None
@@ -289,7 +256,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         _, cs, loc, home = (None, *where) if where is not None else self.index.where(lids)
         cs = cs.copy()
         hit = cs >= 0
-        self.pin[cs[hit]] = pin  # protect them before anything is evicted
+        self.fast.pin[cs[hit]] = pin  # protect them before anything is evicted
         miss = np.flatnonzero(~hit)
         if tabs is not None:
             self._count(Counter.HITS, tabs[hit])
@@ -305,29 +272,25 @@ class TieredGroup(Policies, TierState, TableGroup):
             slots = self._take_slots(miss.size)
             _, _, loc, home = self.index.where(lids[miss])  # now: making room may have moved host rows to disk
             self._bring_up(lids[miss], slots, loc, home)
-            self.pin[slots] = pin
+            self.fast.pin[slots] = pin
             cs[miss] = slots
         return cs
 
     def _take_slots(self, n: int, best_effort: bool = False) -> np.ndarray:
         """``n`` free slots, evicting cold unpinned rows (with write-back) when needed."""
-        short = n - self._n_free_slots
+        short = n - self.fast.n_free
         if short > 0:
             slack = max(self.capacity // 128, 1)
             self._evict(short, short + slack, best_effort)
-            n = min(n, self._n_free_slots)
-        top = self._n_free_slots
-        slots = self._free_slots[top - n : top][::-1].astype(np.int64)
-        self._n_free_slots = top - n
-        return slots
+        return self.fast.take(n)
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
         score = self.index.resident_scores(self.spec.cache_policy is CachePolicy.LFU)
-        slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, self.keep)
+        slots, scores = self.fast.evictable(self.clock, score)
         if slots.size < required:  # rows kept for the window give way before a lookup fails
-            slots, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, score, self.keep, soft=True)
+            slots, scores = self.fast.evictable(self.clock, score, soft=True)
         if slots.size < required and not best_effort:
-            pinned = int(np.count_nonzero(self.slot_lid[1:] >= 0)) - slots.size
+            pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - slots.size
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
@@ -340,24 +303,15 @@ class TieredGroup(Policies, TierState, TableGroup):
         if slots.size == 0:
             return
         d = self.index
-        lids = self.slot_lid[slots].astype(np.int64)
+        lids = self.fast.slot_lid[slots].astype(np.int64)
         loc, home = d.c_loc[slots], d.c_home[slots].astype(np.int64)
-        write = self.dirty[slots] | (loc == LOC_NONE)
+        write = self.fast.dirty[slots] | (loc == LOC_NONE)
         if write.any():
             w = slots[write]
-            loc[write], home[write] = self._store_home(lids[write], self._gather(w), d.c_freq[w], loc[write], home[write])
+            loc[write], home[write] = self._store_home(lids[write], self.fast.gather(w), d.c_freq[w], loc[write], home[write])
         d.go_down(lids, slots, loc, home)
-        self.slot_lid[slots] = -1
-        self.dirty[slots] = False
-        self.pin[slots] = 0
-        self.keep[slots] = 0
-        self._push_free(slots)
+        self.fast.release(slots)
         self._count(Counter.EVICTED, d.tabs[lids])
-
-    def _push_free(self, slots: np.ndarray) -> None:
-        top = self._n_free_slots
-        self._free_slots[top : top + slots.size] = slots
-        self._n_free_slots = top + slots.size
 
     def _store_home(
         self, lids: np.ndarray, records: np.ndarray, freq: np.ndarray, loc: np.ndarray, home: np.ndarray
@@ -414,25 +368,25 @@ class TieredGroup(Policies, TierState, TableGroup):
         on_host = np.flatnonzero(loc == LOC_HOST)
         if on_host.size:
             hs = home[on_host]
-            self._scatter(slots[on_host], self.codec.decode(self.host.read(hs)))
+            self.fast.scatter(slots[on_host], self.codec.decode(self.host.read(hs)))
             self.host.free(hs)
             new_loc[on_host], new_home[on_host] = LOC_NONE, -1  # the cache holds the only copy now
-            self.dirty[slots[on_host]] = True
+            self.fast.dirty[slots[on_host]] = True
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
             payload, until = self._read_disk(lids[on_disk], home[on_disk])
-            self._scatter(slots[on_disk], self.codec.decode(payload))
-            self.keep[slots[on_disk]] = until  # rows read ahead for a later batch of the window too
-            self.dirty[slots[on_disk]] = False
+            self.fast.scatter(slots[on_disk], self.codec.decode(payload))
+            self.fast.keep[slots[on_disk]] = until  # rows read ahead for a later batch of the window too
+            self.fast.dirty[slots[on_disk]] = False
             self._count(Counter.DISK_READ_ROWS, d.tabs[lids[on_disk]])
         new = np.flatnonzero(loc == LOC_NONE)
         if new.size:
             nl = lids[new]
             self._init_rows(slots[new], d.keys[nl], d.tabs[nl].astype(np.int32))
-            self.dirty[slots[new]] = True
+            self.fast.dirty[slots[new]] = True
         d.come_up(lids, slots, new_loc, new_home)
-        self.slot_lid[slots] = lids
+        self.fast.slot_lid[slots] = lids
 
     def _read_disk(self, lids: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk slots ``homes``: records read
@@ -451,44 +405,6 @@ class TieredGroup(Policies, TierState, TableGroup):
             out[rest] = self.disk.read(homes[rest], lids[rest])
         self._count(Counter.PREFETCHED, self.index.tabs[lids[found]])
         return out, keep
-
-    def _columns(self) -> list[tuple[np.ndarray, int]]:
-        """The fast tier's arrays as 2-D numpy views with their first column in a record (CPU only)."""
-        out, col = [(self.weights.numpy(), 0)], self.dim
-        for name, s in self.state.items():
-            out.append((s.view(s.shape[0], -1).numpy(), col))
-            col += self._state_widths[name]
-        return out
-
-    def _gather(self, slots: np.ndarray) -> np.ndarray:  # [n, W] records from the fast tier
-        slots = slots.astype(np.int64, copy=False)
-        if self.device.type == "cpu":
-            out = np.empty((slots.size, self.record_width), dtype=np.float32)
-            for arr, col in self._columns():
-                _gather_cols(arr, slots, out, col)
-            return out
-        if slots.size == 0:
-            return np.empty((0, self.record_width), dtype=np.float32)
-        idx = torch.from_numpy(slots).to(self.device)
-        parts = [self.weights.index_select(0, idx)]
-        parts += [s.index_select(0, idx).reshape(slots.size, -1) for s in self.state.values()]
-        return torch.cat(parts, 1).cpu().numpy()
-
-    def _scatter(self, slots: np.ndarray, records: np.ndarray) -> None:
-        slots = slots.astype(np.int64, copy=False)
-        if self.device.type == "cpu":
-            rec = np.ascontiguousarray(records, dtype=np.float32)
-            for arr, col in self._columns():
-                _scatter_cols(arr, slots, rec, col)
-            return
-        idx = torch.from_numpy(slots).to(self.device)
-        rec = copy_to(torch.from_numpy(np.ascontiguousarray(records)), self.device)  # through pinned memory
-        self.weights.index_copy_(0, idx, rec[:, : self.dim].contiguous())
-        col = self.dim
-        for name, s in self.state.items():
-            w = self._state_widths[name]
-            s.index_copy_(0, idx, rec[:, col : col + w].reshape(slots.size, *s.shape[1:]).contiguous())
-            col += w
 
     def _count(self, counter: Counter, tabs: np.ndarray) -> None:
         if tabs.size:
@@ -516,7 +432,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.index.delete(lids)
 
     def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lids = self.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
+        lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
         return self.index.keys[lids], self.index.tabs[lids]
 
     def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
@@ -539,7 +455,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         out = np.empty((lids.size, self.record_width), dtype=np.float32)
         cs = d.cslot[lids]
         res = np.flatnonzero(cs >= 0)
-        out[res] = self._gather(cs[res].astype(np.int64))
+        out[res] = self.fast.gather(cs[res].astype(np.int64))
         loc = d.loc[lids]
         h = np.flatnonzero((cs < 0) & (loc == LOC_HOST))
         out[h] = self.codec.decode(self.host.read(d.home[lids[h]])) if h.size else out[h]
@@ -552,11 +468,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         d = self.index
         cs = d.cslot[lids].astype(np.int64)
         cs = np.sort(cs[cs >= 0])  # freed in slot order, not lid order: a resumed run numbers lids anew
-        self.slot_lid[cs] = -1
-        self.pin[cs] = 0
-        self.keep[cs] = 0
-        self.dirty[cs] = False
-        self._push_free(cs)
+        self.fast.release(cs)
         loc = d.loc[lids]
         if self.host is not None:
             self.host.free(d.home[lids[loc == LOC_HOST]])
@@ -567,9 +479,7 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     def nbytes(self) -> int:
         """Bytes of RAM: fast tier, host rows, directory, sketch and disk bookkeeping."""
-        total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
-        total += self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self._free_slots.nbytes
-        total += self.index.nbytes() + self.counters.nbytes
+        total = self.fast.nbytes() + self.index.nbytes() + self.counters.nbytes
         if self.host is not None:
             total += self.host.nbytes()
         if self.disk is not None:
@@ -589,7 +499,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         with self._lock:
             d = self.index
             n_t = len(self.tables)
-            occupied = self.slot_lid[self.slot_lid >= 0]
+            occupied = self.fast.slot_lid[self.fast.slot_lid >= 0]
             in_cache = np.bincount(d.tabs[occupied], minlength=n_t)
             by_loc = d.rows_by_loc(n_t)
             on_host, on_disk = by_loc[LOC_HOST], by_loc[LOC_DISK]

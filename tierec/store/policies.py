@@ -1,4 +1,4 @@
-"""The periodic hotness pass of a TieredGroup (a mixin; the state lives in group.py).
+"""The periodic hotness pass of a TieredGroup (a mixin over the group state it declares; set in group.py).
 
 Every ``interval`` training steps, at the start of a training lookup (so no
 batch is in flight and the result depends only on the access history, never on
@@ -32,6 +32,7 @@ from tierec.store.spec import CachePolicy, Counter
 if TYPE_CHECKING:
     from tierec.store.directory import Directory
     from tierec.store.disk import DiskTier
+    from tierec.store.fast_tier import FastTier
     from tierec.store.host import HostTier
     from tierec.store.spec import TierSpec
 
@@ -45,12 +46,9 @@ class Policies:
     spec: TierSpec
     host: HostTier | None
     disk: DiskTier | None
-    slot_lid: np.ndarray  # [C+1] lid in each fast-tier slot
-    pin: np.ndarray  # [C+1] lookup that pinned each slot
-    keep: np.ndarray  # [C+1] lookup of the read-ahead window each slot is kept for
+    fast: FastTier
     clock: int  # lookups so far
     train_steps: int  # training lookups so far
-    _n_free_slots: int
     _cold_host: np.ndarray | None  # host rows ranked coldest first, since the last pass
     _cold_pos: int  # how many of them went to disk
     _lock: threading.RLock
@@ -153,10 +151,10 @@ class Policies:
         hot = self._extreme(most, None, hottest=True)
         if hot.size == 0:
             return
-        n = min(self._n_free_slots, hot.size)
+        n = min(self.fast.n_free, hot.size)
         rest = hot[n:]
         if rest.size:
-            _, scores = hotness.evictable(self.slot_lid, self.pin, self.clock, d.resident_scores(True), self.keep)
+            _, scores = self.fast.evictable(self.clock, d.resident_scores(True))
             cold = np.sort(scores[hotness.lowest(scores, rest.size)])
             k = min(rest.size, cold.size)
             n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix

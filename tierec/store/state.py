@@ -37,13 +37,14 @@ if TYPE_CHECKING:
     from tierec.store.codec import RowCodec
     from tierec.store.directory import Directory
     from tierec.store.disk import DiskTier
+    from tierec.store.fast_tier import FastTier
     from tierec.store.host import HostTier
     from tierec.store.hotness import CountMinSketch
 
 
 class TierState:
     """Checkpoint records of a TieredGroup. It reads and writes the group's state, declared here (set by
-    ``TieredGroup.__init__``), through the group's ``read_rows``, ``_scatter``, ``_store_away`` and ``_note``."""
+    ``TieredGroup.__init__``), through the group's ``read_rows``, ``_store_away`` and ``_note``."""
 
     index: Directory
     codec: RowCodec
@@ -54,17 +55,11 @@ class TierState:
     dim: int
     record_width: int
     capacity: int  # fast-tier slots
-    slot_lid: np.ndarray
-    pin: np.ndarray
-    keep: np.ndarray
-    dirty: np.ndarray
+    fast: FastTier
     counters: np.ndarray  # [n_tables, len(Counter)]
     clock: int
     train_steps: int
     max_batch_rows: int
-    _state_widths: dict[str, int]
-    _free_slots: np.ndarray
-    _n_free_slots: int
     _saved_free: np.ndarray | None
     _lock: threading.RLock
 
@@ -83,7 +78,7 @@ class TierState:
             out = {"ids": torch.from_numpy(d.keys[rows]), "weights": torch.from_numpy(rec[:, : self.dim].copy())}
             col = self.dim
             for name, s in self.state.items():
-                w = self._state_widths[name]
+                w = self.fast.state_widths[name]
                 out[f"opt.{name}"] = torch.from_numpy(rec[:, col : col + w].reshape(n, *s.shape[1:]).copy())
                 col += w
             out["store.freq"] = torch.from_numpy(np.asarray(d.freq[rows], dtype=np.float32))
@@ -101,7 +96,7 @@ class TierState:
                 if self.sketch is not None:
                     out["store.sketch"] = torch.from_numpy(self.sketch.table.astype(np.int64))
                 if self.codec.lossy:  # the free fast-tier slots, bottom of the stack first
-                    out["store.free_slots"] = torch.from_numpy(self._free_slots[: self._n_free_slots].astype(np.int32))
+                    out["store.free_slots"] = torch.from_numpy(self.fast.free_slots[: self.fast.n_free].astype(np.int32))
                     out["store.capacity"] = torch.tensor([self.capacity], dtype=torch.int64)
             return out
 
@@ -119,7 +114,7 @@ class TierState:
                 same = int(sd["store.capacity"][0]) == self.capacity and self.index.num_rows == 0
                 self._saved_free = sd["store.free_slots"].numpy().astype(np.int64) if same else None
                 if same:
-                    self._restack_free()
+                    self.fast.restack(self._saved_free)
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again), or with
@@ -131,7 +126,7 @@ class TierState:
             rec[:, : self.dim] = sd["weights"].numpy()
             col = self.dim
             for name in self.state:
-                w = self._state_widths[name]
+                w = self.fast.state_widths[name]
                 rec[:, col : col + w] = sd[f"opt.{name}"].numpy().reshape(n, w)
                 col += w
             freq = sd["store.freq"].numpy() if "store.freq" in sd else None
@@ -155,8 +150,8 @@ class TierState:
             kl = lids[known]
             cs = d.cslot[kl].astype(np.int64)
             res = cs >= 0
-            self._scatter(cs[res], rec[known[res]])
-            self.dirty[cs[res]] = True
+            self.fast.scatter(cs[res], rec[known[res]])
+            self.fast.dirty[cs[res]] = True
             away = kl[~res]
             loc = d.loc[away]
             if self.host is not None:
@@ -177,7 +172,7 @@ class TierState:
             if slots is not None:  # back into their fast-tier slots first (then freq and last are exact there)
                 s = slots[new]
                 home = (s < 1) | (s > self.capacity)
-                home[~home] = self.slot_lid[s[~home]] >= 0  # taken (a checkpoint of several processes) ...
+                home[~home] = self.fast.slot_lid[s[~home]] >= 0  # taken (a checkpoint of several processes) ...
                 cand = np.flatnonzero(~home)
                 home[cand] = True
                 home[cand[np.unique(s[cand], return_index=True)[1]]] = False  # ... or claimed twice
@@ -190,20 +185,10 @@ class TierState:
         """Put new rows ``lids`` (away from every tier) into free fast-tier ``slots`` with records [n, W]."""
         if lids.size == 0:
             return
-        self._scatter(slots, rec)
+        self.fast.scatter(slots, rec)
         self.index.cslot[lids] = slots
-        self.slot_lid[slots] = lids
-        self.dirty[slots] = True  # no copy in a slower tier
-        self.pin[slots] = 0
-        self.keep[slots] = 0
-        self._restack_free()
-
-    def _restack_free(self) -> None:
-        """The free-slot stack as saved (``_saved_free``), below it the slots kept for rows still to load."""
-        saved = self._saved_free
-        free = np.flatnonzero(self.slot_lid[1:] < 0) + 1
-        in_saved = np.zeros(self.capacity + 1, dtype=bool)
-        in_saved[saved] = True
-        stack = np.concatenate([free[~in_saved[free]][::-1], saved[self.slot_lid[saved] < 0]])
-        self._free_slots[: stack.size] = stack
-        self._n_free_slots = stack.size
+        self.fast.slot_lid[slots] = lids
+        self.fast.dirty[slots] = True  # no copy in a slower tier
+        self.fast.pin[slots] = 0
+        self.fast.keep[slots] = 0
+        self.fast.restack(self._saved_free)  # the saved stack, below it the slots kept for rows still to load

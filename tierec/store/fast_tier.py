@@ -1,0 +1,159 @@
+"""FastTier: the slots of a tiered group's fast tier and what each one holds.
+
+``capacity`` rows of weights and optimizer state (GPU memory when the device is
+a GPU, else DRAM), slot 0 the shared row of zeros, and per slot: the directory
+row it holds (``slot_lid``, -1 when free), the lookup that pinned it, the
+lookup of the read-ahead window it is kept for, and whether it changed since it
+came up. Free slots are a stack, slot 1 on top at the start, so which slot a
+row gets depends only on the order of lookups and evictions (a lossy cold codec
+makes numbers depend on it: tierec/store/state.py).
+
+It moves records in and out (``gather``, ``scatter``) and lists the slots that
+may leave (``evictable``); which of them leave, and where to, is the group's
+(tierec/store/group.py).
+
+>>> import numpy as np
+>>> from tierec.config import OptimizerKind
+>>> from tierec.config import OptimizerConfig
+>>> fast = FastTier(3, 2, OptimizerConfig(kind=OptimizerKind.ROWWISE_ADAGRAD), "cpu")
+>>> slots = fast.take(2); slots.tolist(), fast.n_free
+([1, 2], 1)
+>>> fast.scatter(slots, np.array([[1, 2, 0.5], [3, 4, 0.25]], dtype=np.float32))
+>>> fast.gather(slots[::-1]).tolist()
+[[3.0, 4.0, 0.25], [1.0, 2.0, 0.5]]
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+import torch
+
+from tierec.device import copy_to
+from tierec.embedding.optimizers import new_state, state_shapes
+from tierec.store import hotness
+
+ZERO_SLOT = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _gather_cols(src, slots, out, col):
+    """out[i, col:col+w] = src[slots[i]] for a [C, w] array of the fast tier."""
+    w = src.shape[1]
+    for i in range(slots.shape[0]):
+        r = slots[i]
+        for j in range(w):
+            out[i, col + j] = src[r, j]
+
+
+@nb.njit(cache=True, nogil=True)
+def _scatter_cols(dst, slots, rec, col):
+    """dst[slots[i]] = rec[i, col:col+w]."""
+    w = dst.shape[1]
+    for i in range(slots.shape[0]):
+        r = slots[i]
+        for j in range(w):
+            dst[r, j] = rec[i, col + j]
+
+
+class FastTier:
+    def __init__(self, capacity: int, dim: int, optimizer, device: torch.device | str) -> None:
+        self.capacity = capacity
+        self.dim = dim
+        self.device = torch.device(device)
+        shapes = state_shapes(optimizer.kind, dim)
+        self.state_widths = {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()}
+        self.record_width = dim + sum(self.state_widths.values())  # float32 per row
+        # [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
+        self.weights = torch.empty(capacity + 1, dim, device=self.device)
+        self.weights[ZERO_SLOT].zero_()
+        self.state = new_state(optimizer, capacity + 1, dim, self.device)
+        self.slot_lid = np.full(capacity + 1, -1, dtype=np.int32)  # [C+1] directory row in each slot
+        self.pin = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
+        self.keep = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] a later lookup of the read-ahead window needs it
+        self.dirty = np.zeros(capacity + 1, dtype=bool)  # [C+1] changed since it came up
+        self.free_slots = np.arange(capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
+        self.n_free = capacity
+
+    # ------------------------------------------------------------ slots
+
+    def take(self, n: int) -> np.ndarray:
+        """``n`` free slots (at most as many as are free), off the top of the stack."""
+        n = min(n, self.n_free)
+        top = self.n_free
+        slots = self.free_slots[top - n : top][::-1].astype(np.int64)
+        self.n_free = top - n
+        return slots
+
+    def push_free(self, slots: np.ndarray) -> None:
+        top = self.n_free
+        self.free_slots[top : top + slots.size] = slots
+        self.n_free = top + slots.size
+
+    def release(self, slots: np.ndarray) -> None:
+        """Slots whose rows left: empty, unpinned, clean, free."""
+        self.slot_lid[slots] = -1
+        self.dirty[slots] = False
+        self.pin[slots] = 0
+        self.keep[slots] = 0
+        self.push_free(slots)
+
+    def restack(self, saved: np.ndarray) -> None:
+        """The free-slot stack as ``saved`` (a checkpoint's order), below it the other free slots."""
+        free = np.flatnonzero(self.slot_lid[1:] < 0) + 1
+        in_saved = np.zeros(self.capacity + 1, dtype=bool)
+        in_saved[saved] = True
+        stack = np.concatenate([free[~in_saved[free]][::-1], saved[self.slot_lid[saved] < 0]])
+        self.free_slots[: stack.size] = stack
+        self.n_free = stack.size
+
+    def evictable(self, clock: int, score: np.ndarray, soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, scores) of occupied slots that may leave now (hotness.evictable)."""
+        return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft)
+
+    def occupied(self) -> np.ndarray:  # lids of the rows in the fast tier
+        return self.slot_lid[self.slot_lid >= 0]
+
+    # ------------------------------------------------------------ records
+
+    def columns(self) -> list[tuple[np.ndarray, int]]:
+        """The fast tier's arrays as 2-D numpy views with their first column in a record (CPU only)."""
+        out, col = [(self.weights.numpy(), 0)], self.dim
+        for name, s in self.state.items():
+            out.append((s.view(s.shape[0], -1).numpy(), col))
+            col += self.state_widths[name]
+        return out
+
+    def gather(self, slots: np.ndarray) -> np.ndarray:  # [n, W] records
+        slots = slots.astype(np.int64, copy=False)
+        if self.device.type == "cpu":
+            out = np.empty((slots.size, self.record_width), dtype=np.float32)
+            for arr, col in self.columns():
+                _gather_cols(arr, slots, out, col)
+            return out
+        if slots.size == 0:
+            return np.empty((0, self.record_width), dtype=np.float32)
+        idx = torch.from_numpy(slots).to(self.device)
+        parts = [self.weights.index_select(0, idx)]
+        parts += [s.index_select(0, idx).reshape(slots.size, -1) for s in self.state.values()]
+        return torch.cat(parts, 1).cpu().numpy()
+
+    def scatter(self, slots: np.ndarray, records: np.ndarray) -> None:
+        slots = slots.astype(np.int64, copy=False)
+        if self.device.type == "cpu":
+            rec = np.ascontiguousarray(records, dtype=np.float32)
+            for arr, col in self.columns():
+                _scatter_cols(arr, slots, rec, col)
+            return
+        idx = torch.from_numpy(slots).to(self.device)
+        rec = copy_to(torch.from_numpy(np.ascontiguousarray(records)), self.device)  # through pinned memory
+        self.weights.index_copy_(0, idx, rec[:, : self.dim].contiguous())
+        col = self.dim
+        for name, s in self.state.items():
+            w = self.state_widths[name]
+            s.index_copy_(0, idx, rec[:, col : col + w].reshape(slots.size, *s.shape[1:]).contiguous())
+            col += w
+
+    def nbytes(self) -> int:
+        total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
+        return total + self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self.free_slots.nbytes

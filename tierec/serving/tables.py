@@ -57,25 +57,26 @@ class ServedTable:
         n = self.ids.shape[0]
         if n == 0:
             return np.zeros(ids.shape[0], bool), np.zeros(ids.shape[0], np.int64)
-        pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
-        return np.asarray(self.ids[pos]) == ids, pos
+        pos = np.minimum(self.ids.searchsorted(ids), n - 1)
+        return self.ids.take(pos) == ids, pos  # take: several times faster than fancy indexing on small requests
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Rows [N, dim] float32 of raw ``ids`` [N] int64; zeros for ids the table does not hold."""
         found, pos = self.find(ids)
+        if self.rows is not None and self.ids.shape[0]:  # every id's row at its position, then zeros where not found
+            out = self.rows.take(pos, axis=0).astype(np.float32, copy=False)  # [N, dim], a copy
+            if self.scale is not None and self.bias is not None:
+                out *= self.scale.take(pos)[:, None]
+                out += self.bias.take(pos)[:, None]
+            if not found.all():
+                out[~found] = 0.0
+            return out
         out = np.zeros((ids.shape[0], self.dim), np.float32)
         p = pos[found]
         if not p.size:
             return out
         scale = None if self.scale is None else np.asarray(self.scale[p])
         bias = None if self.bias is None else np.asarray(self.bias[p])
-        if self.rows is not None:
-            codes = self.rows[p]  # [k, dim]
-            if scale is None or bias is None:
-                out[found] = codes
-            else:
-                out[found] = codes.astype(np.float32) * scale[:, None] + bias[:, None]
-            return out
         start = np.asarray(self.offsets[p])
         lens = np.asarray(self.offsets[p + 1]) - start
         flat = np.asarray(self.values[_spans(start, lens)])

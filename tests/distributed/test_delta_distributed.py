@@ -73,3 +73,20 @@ def test_a_mesh_of_groups_is_refused_in_one_line(tmp_path: Path) -> None:
     assert all(codes)
     log = (tmp_path / "rank0.log").read_text()
     assert "train.delta_every does not run on a mesh of groups yet; set dist.group_size = 0" in log
+
+
+def test_one_process_deltas_restore_on_two(tmp_path: Path) -> None:
+    """The other way: a pruned run's full checkpoint + deltas saved on 1 process, restored on 2, is bitwise the
+    full checkpoint at the last delta's step restored on 2 (each rank keeps the rows it owns)."""
+    over = SMALL + ["train.eval_every=0", "train.max_steps=9"] + PRUNED
+    spawn(train_worker, 1, (over + ["train.checkpoint_every=5", "train.delta_every=2"], str(tmp_path / "d"), False))
+    spawn(train_worker, 1, (over + ["train.checkpoint_every=8"], str(tmp_path / "r"), False))
+    with Checkpoint(tmp_path / "d" / "checkpoints" / "delta_00000008_of_00000005") as delta:
+        assert delta.world_size == 1
+    ref = _restored(over, tmp_path / "r", "step_00000008", tmp_path / "ref_state", 2)
+    got = _restored(over, tmp_path / "d", "step_00000005", tmp_path / "delta_state", 2)
+    assert all(any(k.endswith(".ids") and v.numel() for k, v in part.items()) for part in ref)  # both ranks hold rows
+    for r, (a, b) in enumerate(zip(ref, got)):
+        assert a.keys() == b.keys() and int(a["position"][0]) == 8, r
+        for k in a:
+            assert torch.equal(a[k], b[k]), (r, k)

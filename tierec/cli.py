@@ -5,7 +5,7 @@
     tierec eval CHECKPOINT [--data FILE] [--split test|all]
     tierec predict CHECKPOINT --data FILE --out FILE
     tierec export CHECKPOINT --out DIR [--precision fp32|fp16|int8]
-    tierec serve DIR [--port P] [--host 127.0.0.1] [--follow RUN_DIR [--poll SECONDS]]
+    tierec serve DIR [--port P] [--host 127.0.0.1] [--threads N] [--follow RUN_DIR [--poll SECONDS]]
     tierec preprocess [--config FILE] [--set ...] --out DIR
     tierec report RUN_DIR
     tierec tune [--config FILE] [--set ...] [--run-dir DIR] [--trials N] [--timeout S] [--resume] [--storage URL]
@@ -308,7 +308,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tierec.serving.server import serve
 
-    serve(args.export, host=args.host, port=args.port, follow=args.follow, poll_s=args.poll)
+    serve(args.export, host=args.host, port=args.port, follow=args.follow, poll_s=args.poll, threads=args.threads)
     return 0
 
 
@@ -423,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "and take up each newer full checkpoint, between requests (default: serve the export as it is)")
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
                    help="with --follow, how often to look for new checkpoints (default: 1)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch threads of the dense program (default: 1; requests are scored one at a time, and more "
+                        "threads only pay on requests of thousands of rows)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

@@ -11,7 +11,8 @@ from tierec.distributed import DistContext
 
 def restored_worker(ctx: DistContext, overrides: list[str], run_dir: str, full: str, out: str) -> None:
     """Restore checkpoint ``full`` of ``run_dir`` (and its deltas) on this rank; save what the rank holds:
-    dense state, counters, position and its rows in id order, as ``out/rank{r}.pt``."""
+    dense state, counters, position and its rows in id order (a pruned row's values at its own dims), as
+    ``out/rank{r}.pt``."""
     from tierec.config import load_config
     from tierec.data import open_dataset
     from tierec.train.state import row_chunks, snapshot_state
@@ -31,6 +32,15 @@ def restored_worker(ctx: DistContext, overrides: list[str], run_dir: str, full: 
     for label, chunks in rows.items():
         order = torch.argsort(torch.cat([c["ids"] for c in chunks]))
         for key in chunks[0]:
-            if key != "store.slot" and not key.startswith("chunked."):
-                state[f"{label}.{key}"] = torch.cat([c[key] for c in chunks])[order]
+            if key != "store.slot":
+                state[f"{label}.{key}"] = _by_id(torch.cat([c[key] for c in chunks]), order, chunks, key)
     torch.save(state, Path(out) / f"rank{ctx.rank}.pt")
+
+
+def _by_id(values: torch.Tensor, order: torch.Tensor, chunks: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
+    """A record field in id order; a pruned row's ``chunked.*`` values (its own dims' worth) move with it."""
+    if not key.startswith("chunked."):
+        return values[order]
+    dims = torch.cat([c["dims"] for c in chunks]).long()
+    parts = torch.split(values, (dims * values.numel() // max(int(dims.sum()), 1)).tolist())
+    return torch.cat([parts[i] for i in order.tolist()]) if parts else values

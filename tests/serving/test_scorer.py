@@ -61,6 +61,11 @@ def test_typed_values_and_a_dict_of_columns_score_alike(clicks: Path, tmp_path: 
     columns = {c: [r[c] for r in records] for c in records[0]}
     base = scorer.score(records)
     assert np.array_equal(base, scorer.score(typed)) and np.array_equal(base, scorer.score(columns))
+    # empty values absent, or None, or every value as UTF-8 bytes: the same rows
+    absent = [{k: v for k, v in r.items() if v != ""} for r in records]
+    nones = [{k: None if v == "" else v for k, v in r.items()} for r in records]
+    raw = [{k: v.encode() for k, v in r.items()} for r in records]
+    assert absent != records and all(np.array_equal(base, scorer.score(x)) for x in (absent, nones, raw))
     unknown = scorer.score([{"price": "1", "user": "never-seen", "item": "-1"}])  # unknown ids read zeros
     assert unknown.shape == (1,) and 0 < unknown[0] < 1
 

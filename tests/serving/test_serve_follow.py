@@ -26,6 +26,8 @@ from tierec.serving.scorer import Scorer
 from tierec.train.checkpoint import load_checkpoint
 
 pytest.importorskip("starlette")
+pytest.importorskip("orjson")
+pytest.importorskip("httptools")
 pytest.importorskip("uvicorn")
 
 TTL = ["store.ttl_steps=2", "store.interval=2"]  # rows expire: the deltas delete ids

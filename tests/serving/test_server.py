@@ -21,6 +21,8 @@ from tierec.serving.scorer import Scorer
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
+pytest.importorskip("orjson")
+pytest.importorskip("httptools")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def test_score_health_version(server: str, export) -> None:
     status, body = _call(server + "/score", {"rows": records})
     assert status == 200 and len(body["scores"]) == 300
     expected = Scorer.load(export[0]).score(records)
-    assert np.abs(np.array(body["scores"]) - expected).max() <= 1e-7  # the library's scores, in order
+    assert np.array_equal(np.array(body["scores"], np.float32), expected)  # the library's scores, in order
     no_label = [{k: v for k, v in r.items() if k != "clicked"} for r in records[:5]]
     assert np.allclose(_call(server + "/score", {"rows": no_label})[1]["scores"], body["scores"][:5], rtol=1e-5, atol=1e-7)
     assert _call(server + "/score", {"rows": []}) == (200, {"scores": []})
@@ -95,10 +97,17 @@ def test_wrong_path_and_method(server: str) -> None:
         assert e.value.code in (404, 405)
 
 
-def test_missing_extra_is_one_line(export, monkeypatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError
+@pytest.mark.parametrize("module", ["uvicorn", "orjson", "httptools"])
+def test_missing_extra_is_one_line(export, monkeypatch, capsys, module: str) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # `import <module>` raises ImportError
     assert main(["serve", str(export[0]), "--port", "1"]) == 2
-    assert capsys.readouterr().err.strip() == "tierec: error: tierec serve needs Starlette and uvicorn, the optional extra: pip install 'tierec[serve]'"
+    assert capsys.readouterr().err.strip() == ("tierec: error: tierec serve needs Starlette, uvicorn, httptools and orjson, "
+                                               "the optional extra: pip install 'tierec[serve]'")
+
+
+def test_threads_below_one_is_one_line(export, capsys) -> None:
+    assert main(["serve", str(export[0]), "--port", "1", "--threads", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "tierec: error: --threads must be at least 1, got 0"
 
 
 def test_a_port_in_use_is_one_line(server: str, export, capsys) -> None:

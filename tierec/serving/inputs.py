@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tierec.config import DataConfig, from_dict
 from tierec.data import CRITEO_CATEGORICAL, DataError, ShardSet, infer_format, resolve_schema
@@ -81,7 +82,10 @@ class RowEncoder:
         """The block of ``rows``; a value training would have rejected is a BadRowsError naming row and column."""
         columns, n = self._columns(rows)
         try:
-            batch = pa.RecordBatch.from_arrays(self._arrays(columns, n), names=list(self.columns))
+            arrays = self._strings(rows, columns, n) if self.schema.values == "text" else None
+            if arrays is None:
+                arrays = self._arrays(self._gathered(rows) if columns is None else columns, n)
+            batch = pa.RecordBatch.from_arrays(arrays, names=list(self.columns))
             block, err = self.parser.parse(batch)
         except (DataError, pa.ArrowException) as e:  # a typed column the reader cannot use (e.g. a dense column of lists)
             raise BadRowsError(" ".join(str(e).split())[:300]) from None
@@ -91,8 +95,9 @@ class RowEncoder:
             raise BadRowsError(f"row {i}: {self.parser.problem(batch, i, int(err[i]))}")
         return block
 
-    def _columns(self, rows: Rows) -> tuple[dict[str, list[Any]], int]:
-        """The model's columns of ``rows`` (others, such as a label or a key, are ignored) and the row count."""
+    def _columns(self, rows: Rows) -> tuple[dict[str, list[Any]] | None, int]:
+        """The model's columns of a dict of columns (others, such as a label or a key, are ignored), or None
+        for records (checked to be mappings here, gathered later only when needed), and the row count."""
         if isinstance(rows, Mapping):
             if any(isinstance(v, (str, bytes)) or not isinstance(v, Sequence) for v in rows.values()):
                 raise BadRowsError("a dict of columns needs a list of values for each column")
@@ -106,7 +111,23 @@ class RowEncoder:
         for i, r in enumerate(rows):
             if not isinstance(r, Mapping):
                 raise BadRowsError(f"row {i}: a record must be an object of column: value, got {type(r).__name__}")
-        return {c: [r.get(c) for r in rows] for c in self.columns}, len(rows)
+        return None, len(rows)
+
+    def _gathered(self, records: Rows) -> dict[str, list[Any]]:
+        return {c: [r.get(c) for r in records] for c in self.columns}  # type: ignore[union-attr]
+
+    def _strings(self, rows: Rows, columns: dict[str, list[Any]] | None, n: int) -> list[pa.Array] | None:
+        """Text schema, every value text or None (JSON's usual case): one Arrow string array per model column,
+        converted in C++ (records through one struct array), None and absent read as empty; else None."""
+        try:
+            if columns is None:
+                records = pa.array(rows, pa.struct([(c, pa.string()) for c in self.columns]))
+                arrays = [records.field(k) for k in range(len(self.columns))]
+            else:
+                arrays = [pa.array(columns[c], pa.string()) if c in columns else pa.nulls(n, pa.string()) for c in self.columns]
+        except pa.ArrowException:  # numbers, booleans, lists: value by value (_arrays)
+            return None
+        return [pc.fill_null(a, "") if a.null_count else a for a in arrays]
 
     def _arrays(self, columns: dict[str, list[Any]], n: int) -> list[pa.Array]:
         """One Arrow array per model column: as text (one array for all columns, sliced: one conversion
@@ -136,9 +157,11 @@ class RowEncoder:
 
 
 def _text(v: Any) -> str:
-    """A value as a text file would hold it (None: empty; True / False: 1 / 0)."""
+    """A value as a text file would hold it (None: empty; True / False: 1 / 0; bytes: their UTF-8 text)."""
     if v is None:
         return ""
     if isinstance(v, bool):
         return "1" if v else "0"
+    if isinstance(v, bytes):  # its UTF-8 text, as the struct conversion above takes it
+        return v.decode("utf-8", "replace")
     return str(v)

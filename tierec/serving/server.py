@@ -14,14 +14,17 @@ worker thread) for what the run published since, and swaps the served scorer,
 one reference, on the event loop: between two requests, never during one.
 
 A bad request gets a 4xx status and ``{"error": "<one line>"}``, never a
-traceback. It binds 127.0.0.1 unless told otherwise. Starlette and uvicorn are
-an optional extra (``pip install 'tierec[serve]'``); without them ``tierec
-serve`` stops with one line saying so. A request is scored on the event loop
-itself: one request at a time, no thread hop (on 2 cores the fastest for small
-requests, and the scorer's memory stays one request's).
+traceback. It binds 127.0.0.1 unless told otherwise. Starlette, uvicorn (with
+httptools, its C HTTP parser) and orjson (JSON in and out of /score) are an
+optional extra (``pip install 'tierec[serve]'``); without them ``tierec serve``
+stops with one line saying so. A request is scored on the event loop itself:
+one request at a time, no thread hop (on 2 cores the fastest for small
+requests, and the scorer's memory stays one request's), and the dense program
+runs on ``threads`` torch threads (default 1: more gain nothing on a small
+request, and their spin-waits take CPU from the HTTP and JSON work).
 
 >>> EXTRA  # what ``tierec serve`` says, exit status 2, when the extra is missing
-"tierec serve needs Starlette and uvicorn, the optional extra: pip install 'tierec[serve]'"
+"tierec serve needs Starlette, uvicorn, httptools and orjson, the optional extra: pip install 'tierec[serve]'"
 
 ``build_app(Scorer.load(DIR))`` is the ASGI application, for any ASGI server.
 """
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -45,11 +47,13 @@ from tierec.version import tierec_version
 
 MAX_BODY_BYTES = 64 << 20  # a request body larger than this is refused (413)
 MAX_ROWS = 100_000  # rows in one request
-EXTRA = "tierec serve needs Starlette and uvicorn, the optional extra: pip install 'tierec[serve]'"
+EXTRA = "tierec serve needs Starlette, uvicorn, httptools and orjson, the optional extra: pip install 'tierec[serve]'"
 
 
 def _require_extra() -> None:
     try:
+        import httptools  # noqa: F401
+        import orjson  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
@@ -88,15 +92,16 @@ async def follow_run(served: Served, follower: RunFollower, poll_s: float) -> No
 def build_app(scorer: Scorer, follower: RunFollower | None = None, poll_s: float = 1.0) -> Any:
     """The ASGI application serving ``scorer``; with ``follower``, what its run publishes too."""
     _require_extra()
+    import orjson
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": " ".join(message.split())[:500]}, status_code=status)
 
-    async def score(request: Request) -> JSONResponse:
+    async def score(request: Request) -> Response:
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > MAX_BODY_BYTES):
             return error(413, f"the body is larger than {MAX_BODY_BYTES:,} bytes; send fewer rows per request")
@@ -104,8 +109,8 @@ def build_app(scorer: Scorer, follower: RunFollower | None = None, poll_s: float
         if len(body) > MAX_BODY_BYTES:
             return error(413, f"the body is larger than {MAX_BODY_BYTES:,} bytes; send fewer rows per request")
         try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
             return error(400, f"the body is not JSON ({e})")
         rows = payload.get("rows") if isinstance(payload, dict) else None
         if not isinstance(rows, list):
@@ -119,7 +124,8 @@ def build_app(scorer: Scorer, follower: RunFollower | None = None, poll_s: float
         except Exception as e:  # noqa: BLE001 - a request must never see a traceback
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return error(500, f"scoring failed: {type(e).__name__}: {first}")
-        return JSONResponse({"scores": scores.tolist()})
+        # float64 text of each float32 score, as json.dumps writes it (shortest round trip); NaN would be null
+        return Response(orjson.dumps({"scores": scores.tolist()}), media_type="application/json")
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -141,16 +147,21 @@ def build_app(scorer: Scorer, follower: RunFollower | None = None, poll_s: float
 
 
 def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, follow: str | os.PathLike | None = None,
-          poll_s: float = 1.0) -> None:  # fmt: skip
+          poll_s: float = 1.0, threads: int = 1) -> None:  # fmt: skip
     """Load the export at ``path``, bind ``host:port`` (port 0: any free one) and serve until SIGINT or SIGTERM;
-    with ``follow`` (a run directory), take up what that run publishes, looking every ``poll_s`` seconds."""
+    with ``follow`` (a run directory), take up what that run publishes, looking every ``poll_s`` seconds.
+    ``threads``: torch's intra-op threads for the dense program."""
     _require_extra()
+    import torch
     import uvicorn
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
     if not poll_s > 0:
         raise ConfigError(f"--poll must be a positive number of seconds, got {poll_s}")
+    if threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
     with contextlib.ExitStack() as stack:
         scorer = Scorer.load(path)
         follower = None
@@ -162,7 +173,7 @@ def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, fo
         bound = sock.getsockname()[1]
         following = f"; following {follow}, every {poll_s:g} s" if follow is not None else ""
         print(f"serving {path} on http://{host}:{bound} (POST /score, GET /health, GET /version){following}", flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning", access_log=False))
         server.run(sockets=[sock])
 
 

@@ -1,6 +1,7 @@
 """A served table: an export's table file, looked up by raw id, memory-mapped by default.
 
-Ids are found by binary search in the table's ascending ids; only the rows a
+Ids are found by binary search in the table's ascending ids (fp32 rows: one
+compiled pass that searches and copies, numba; else numpy); only the rows a
 request needs are read, so a table larger than RAM can be served (the OS pages
 rows in and out). An id the table does not hold reads as zeros: what training
 gives an id never seen when it evaluates (tables in eval mode return zeros for
@@ -26,6 +27,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from tierec.paths import safe_member
 from tierec.serving.manifest import ExportError, TableEntry
@@ -46,6 +48,9 @@ class ServedTable:
         expected = "offsets" if entry.layout == "ragged" else "rows"
         if file.array(expected) is None or self.ids.shape[0] != entry.rows:
             raise ExportError(f"table file {entry.file} does not match the manifest (layout {entry.layout}, {entry.rows} rows)")
+        self.compiled = self.rows is not None and self.rows.dtype == np.float32 and self.scale is None
+        if self.compiled:  # compiled (or loaded from numba's cache) now, not in the first request
+            _lookup_fp32(self.ids, self.rows, np.empty(0, np.int64), np.empty((0, self.dim), np.float32))
 
     @staticmethod
     def open(directory: str | os.PathLike, entry: TableEntry, mmap: bool = True) -> ServedTable:
@@ -57,25 +62,30 @@ class ServedTable:
         n = self.ids.shape[0]
         if n == 0:
             return np.zeros(ids.shape[0], bool), np.zeros(ids.shape[0], np.int64)
-        pos = np.minimum(np.searchsorted(self.ids, ids), n - 1)
-        return np.asarray(self.ids[pos]) == ids, pos
+        pos = np.minimum(self.ids.searchsorted(ids), n - 1)
+        return self.ids.take(pos) == ids, pos  # take: several times faster than fancy indexing on small requests
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Rows [N, dim] float32 of raw ``ids`` [N] int64; zeros for ids the table does not hold."""
+        if self.compiled:  # fp32 rows: one compiled pass
+            out = np.empty((ids.shape[0], self.dim), np.float32)
+            _lookup_fp32(self.ids, self.rows, ids, out)
+            return out
         found, pos = self.find(ids)
+        if self.rows is not None and self.ids.shape[0]:  # every id's row at its position, then zeros where not found
+            out = self.rows.take(pos, axis=0).astype(np.float32, copy=False)  # [N, dim], a copy
+            if self.scale is not None and self.bias is not None:
+                out *= self.scale.take(pos)[:, None]
+                out += self.bias.take(pos)[:, None]
+            if not found.all():
+                out[~found] = 0.0
+            return out
         out = np.zeros((ids.shape[0], self.dim), np.float32)
         p = pos[found]
         if not p.size:
             return out
         scale = None if self.scale is None else np.asarray(self.scale[p])
         bias = None if self.bias is None else np.asarray(self.bias[p])
-        if self.rows is not None:
-            codes = self.rows[p]  # [k, dim]
-            if scale is None or bias is None:
-                out[found] = codes
-            else:
-                out[found] = codes.astype(np.float32) * scale[:, None] + bias[:, None]
-            return out
         start = np.asarray(self.offsets[p])
         lens = np.asarray(self.offsets[p + 1]) - start
         flat = np.asarray(self.values[_spans(start, lens)])
@@ -89,3 +99,20 @@ def _spans(start: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Positions ``start[i] .. start[i] + lens[i] - 1`` of every row, row after row."""
     total = int(lens.sum())
     return np.repeat(start - starts_of(lens), lens) + np.arange(total, dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _lookup_fp32(table_ids: np.ndarray, rows: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` = the row of ``ids[i]`` (binary search in the ascending ``table_ids``), zeros when absent."""
+    n = table_ids.shape[0]
+    for i in range(ids.shape[0]):
+        q = ids[i]
+        base, size = 0, n
+        while size > 1:  # branch-free lower bound (a select, not a jump): random ids mispredict every branch
+            half = size >> 1
+            base = base + half if table_ids[base + half - 1] < q else base
+            size -= half
+        if n and table_ids[base] == q:
+            out[i, :] = rows[base, :]
+        else:
+            out[i, :] = 0.0

@@ -54,12 +54,12 @@ from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig
 from tierec.store import hotness
+from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.host import HostTier
-from tierec.store.hotness import CountMinSketch
 from tierec.store.policies import Policies
 from tierec.store.staging import Staging
 from tierec.store.state import TierState
@@ -106,7 +106,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             if spec.disk_dir
             else None
         )
-        self.sketch = CountMinSketch(spec.sketch_width, spec.sketch_depth, seed) if spec.admit_after > 1 else None
+        self.admission = Admission(spec, seed)  # which new ids get a row
         self.counters = np.zeros((len(tables), len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
@@ -149,7 +149,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         if insert:
             unknown = np.flatnonzero(lids < 0)
             if unknown.size:
-                admit = self._admit(keys[unknown], tabs[unknown])
+                admit = self.admission.admit(keys[unknown], tabs[unknown], self.train_steps)
                 rejected = unknown[~admit]
                 rows[rejected] = ZERO_SLOT
                 self._count(Counter.REJECTED, tabs[rejected])
@@ -232,21 +232,6 @@ class TieredGroup(Policies, TierState, TableGroup):
 
     def tier_stores(self) -> list[TieredGroup]:
         return [self]
-
-    # -------------------------------------------------------- admission
-
-    def _admit(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:  # [n] bool
-        spec = self.spec
-        if not spec.admission:
-            return np.ones(keys.shape[0], dtype=bool)
-        admit = np.zeros(keys.shape[0], dtype=bool)
-        if self.sketch is not None:
-            admit |= self.sketch.add(keys, tabs) >= spec.admit_after
-        if spec.admit_probability < 1.0:
-            draw = np.empty(keys.shape[0], dtype=np.float64)
-            hotness.coin(keys, tabs.astype(np.int32), self.seed, self.train_steps, draw)
-            admit |= draw < spec.admit_probability
-        return admit
 
     # ---------------------------------------------------- data movement
 
@@ -484,8 +469,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             total += self.host.nbytes()
         if self.disk is not None:
             total += self.disk.nbytes()
-        if self.sketch is not None:
-            total += self.sketch.nbytes()
+        total += self.admission.nbytes()
         return total + self.staging.nbytes()
 
     def resident_nbytes(self) -> int:  # the tiers account for their own memory

@@ -1,5 +1,15 @@
 """TieredGroup: a TableGroup whose ``weights``/``state`` are a bounded fast tier over host DRAM and disk.
 
+It is made of a :class:`~tierec.store.directory.Directory` (where each row lives),
+a :class:`~tierec.store.fast_tier.FastTier` (the cached rows and their slots), a
+:class:`~tierec.store.host.HostTier` and a :class:`~tierec.store.disk.DiskTier`
+below it, a :class:`~tierec.store.codec.RowCodec` for their records, and two
+policies: :class:`~tierec.store.admission.Admission` (which new ids get a row)
+and :class:`~tierec.store.eviction.Eviction` (which rows leave the fast tier);
+this class moves rows between them. The periodic hotness pass
+(tierec/store/policies.py) and the checkpoint records (tierec/store/state.py)
+work on the same parts.
+
 The fast tier is a cache of ``capacity`` slots (GPU memory when the group's
 device is a GPU, else a compact DRAM cache); the engine's kernels read and
 update it exactly as they read a plain group's table, because ``lookup``
@@ -53,18 +63,18 @@ from torch import Tensor
 from tierec.embedding.group import TableGroup
 from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig
-from tierec.store import hotness
 from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
+from tierec.store.eviction import Eviction
 from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.host import HostTier
 from tierec.store.policies import Policies
 from tierec.store.staging import Staging
 from tierec.store.state import TierState
 from tierec.sizes import format_size
-from tierec.store.spec import CachePolicy, Counter, TierSpec
+from tierec.store.spec import Counter, TierSpec
 
 class CacheCapacityError(RuntimeError):
     """The fast tier cannot hold all rows of one batch at once."""
@@ -107,6 +117,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             else None
         )
         self.admission = Admission(spec, seed)  # which new ids get a row
+        self.eviction = Eviction(spec.cache_policy)  # which rows leave the fast tier
         self.counters = np.zeros((len(tables), len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
@@ -270,18 +281,15 @@ class TieredGroup(Policies, TierState, TableGroup):
         return self.fast.take(n)
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
-        score = self.index.resident_scores(self.spec.cache_policy is CachePolicy.LFU)
-        slots, scores = self.fast.evictable(self.clock, score)
-        if slots.size < required:  # rows kept for the window give way before a lookup fails
-            slots, scores = self.fast.evictable(self.clock, score, soft=True)
-        if slots.size < required and not best_effort:
-            pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - slots.size
+        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required)
+        if movable < required and not best_effort:
+            pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - movable
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
             )
-        self._write_back(slots[hotness.lowest(scores, min(wanted, slots.size))])
+        self._write_back(slots)
 
     def _write_back(self, slots: np.ndarray) -> None:
         """Move rows out of the fast tier; rows changed or without a home are written first."""

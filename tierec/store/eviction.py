@@ -1,0 +1,39 @@
+"""Eviction: which resident rows leave a tiered group's fast tier when a lookup needs slots.
+
+The lowest scores go (``store.cache_policy``: LFU, the decayed access count; LRU, the step of
+last use), never a row pinned by the batch in flight, and rows kept for a later batch of the
+read-ahead window only when nothing else is left. Where they go (host or disk) is the group's.
+
+>>> import numpy as np
+>>> from tierec.config import OptimizerConfig
+>>> from tierec.store.directory import Directory
+>>> from tierec.store.fast_tier import FastTier
+>>> from tierec.store.spec import CachePolicy
+>>> fast, d = FastTier(3, 2, OptimizerConfig(), "cpu"), Directory(cache_slots=4)
+>>> slots = fast.take(3); fast.slot_lid[slots] = [0, 1, 2]; d.c_freq[slots] = [5.0, 1.0, 3.0]
+>>> Eviction(CachePolicy.LFU).choose(fast, d, clock=1, wanted=1)[0].tolist()  # the least used
+[2]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierec.store import hotness
+from tierec.store.directory import Directory
+from tierec.store.fast_tier import FastTier
+from tierec.store.spec import CachePolicy
+
+
+class Eviction:
+    def __init__(self, policy: CachePolicy) -> None:
+        self.lfu = policy is CachePolicy.LFU
+
+    def choose(self, fast: FastTier, index: Directory, clock: int, wanted: int, required: int = 0) -> tuple[np.ndarray, int]:
+        """(up to ``wanted`` slots to empty, lowest scores first among those that may; how many may leave):
+        rows kept for the read-ahead window may too when fewer than ``required`` others can."""
+        score = index.resident_scores(self.lfu)
+        slots, scores = fast.evictable(clock, score)
+        if slots.size < required:
+            slots, scores = fast.evictable(clock, score, soft=True)
+        return slots[hotness.lowest(scores, min(wanted, slots.size))], int(slots.size)

@@ -118,9 +118,10 @@ def baselines(schema: Path, item: str) -> dict:
 def seen_items(name: str, work: Path, models: list[str], seed: int) -> dict:
     """AUCs on the test rows whose item has a training positive, beside all test rows.
 
-    With sampled negatives, negatives are drawn from the items seen in training, so every test row whose
-    item has no training positive is a positive: a score that ranks unknown items high (item popularity by
-    rate gives them the base rate, LR's one-hot gives them no weight) gains from that. The models' scores
+    With sampled negatives drawn from training items only (before 2026-11-27), every test row whose
+    item has no training positive was a positive: a score that ranks unknown items high (item popularity by
+    rate gives them the base rate, LR's one-hot gives them no weight) gained from that; now those items are
+    test negatives too, and this shows what is left of it. The models' scores
     come from the checkpoints of the runs already made in ``work``, on the same test rows (checked by their labels).
     """
     import torch

@@ -137,7 +137,7 @@ class DataConfig:
     negatives: int = 0
     user_column: str = ""  # with negatives: the schema's categorical column of the user
     item_column: str = ""  # with negatives: the schema's categorical column of the item (the one that is sampled)
-    # with negatives: "uniform" over the items seen in training, or "popularity": as often as items are in training
+    # with negatives: "uniform" over the items seen (in training; for evaluation, in training and that split), or "popularity": as often as they are used there
     negative_sampling: str = "uniform"
     negative_seed: int = 0  # with negatives: the seed of every sampled negative (not train.seed: the test set stays fixed)
     # with negatives: categorical columns that describe the item (a price class, a category): a negative row takes its

@@ -75,7 +75,35 @@ def test_negatives_are_never_an_item_the_user_has(tmp_path: Path) -> None:
         assert len(negatives) > 1000 and not negatives & train and {i for _, i in negatives} <= train_items
     labels, _, _, pairs = joined(blocks(cfg, "test"))
     negatives = {(int(u), int(i)) for u, i in pairs[labels == 0]}
-    assert not negatives & (train | test) and {i for _, i in negatives} <= train_items
+    assert not negatives & (train | test) and {i for _, i in negatives} <= train_items | {i for _, i in test}
+
+
+def test_items_first_used_in_the_test_split_are_test_negatives_too(tmp_path: Path) -> None:
+    """Test negatives come from the items of training and the test split: an item used only in the test split is a
+    negative there as often as any other (uniform draws), never in training, never for a user who has it, and with
+    its own item features; drawn from training items alone, every test row of such an item would be a positive."""
+    path = write_log(tmp_path / "log.csv")
+    lines = path.read_text().splitlines()
+    rng = np.random.default_rng(4)
+    for r in rng.choice(np.arange(2501, 3001), 100, replace=False):  # the test rows (the last 500): 20 new items
+        n = int(rng.integers(0, 20))
+        lines[r] = f"u{rng.integers(0, 120)},new{n},h0,n{n // 10}"
+    path.write_text("\n".join(lines) + "\n")
+    cfg = config(path, item_features=["tier"])
+    test = plain_pairs(cfg, "test")
+    train_items = {i for _, i in plain_pairs(cfg, "train")}
+    new_items = {i for _, i in test} - train_items
+    assert len(new_items) == 20
+    labels, ids, _, pairs = joined(blocks(cfg, "test"))
+    negative = labels == 0
+    is_new = np.isin(ids[:, 1], list(new_items))
+    share = is_new[negative].mean()  # uniform over 60 + 20 items: 1/4 of the negatives, where none were before
+    assert abs(share - 20 / 80) < 0.05, share
+    assert not {(int(u), int(i)) for u, i in pairs[negative]} & test
+    tier_of = {int(i): int(t) for i, t in zip(ids[labels == 1, 1], ids[labels == 1, 3])}
+    assert all(tier_of[int(i)] == int(t) for i, t in ids[negative & is_new][:, [1, 3]])
+    train_labels, train_ids, _, _ = joined(blocks(cfg, "train", epoch=0))
+    assert not np.isin(train_ids[train_labels == 0, 1], list(new_items)).any()
 
 
 def test_the_test_set_is_fixed_by_the_seed_and_training_negatives_change_by_epoch(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def _negative_lines(report: InspectReport) -> list[str]:
         " has not used in training (label 0), the rest of the row as it is",
         f"user_column = {json.dumps(n.user)}  # {n.reason}",
         f"item_column = {json.dumps(n.item)}",
-        'negative_sampling = "uniform"  # over the items seen in training; "popularity": as often as they are used (harder)',
+        'negative_sampling = "uniform"  # over the items seen (test: in training and test); "popularity": as often as used (harder)',
     ]
     if n.item_features:
         out.append(f"item_features = {_toml_list(list(n.item_features))}  # one value per item in the sample: a negative takes"

@@ -104,6 +104,25 @@ class Interactions:
         return acc.finish()
 
 
+@dataclass(frozen=True)
+class ItemPool:
+    """Items to draw negatives from: distinct ids (sorted), their rows, their item-feature ids."""
+
+    items: np.ndarray  # [I] int64 sorted, distinct
+    counts: np.ndarray  # [I] int64
+    attributes: np.ndarray  # [I, A] int64
+
+    @staticmethod
+    def of(seen: Interactions) -> ItemPool:
+        return ItemPool(seen.items, seen.counts, seen.attributes)
+
+    def union(self, other: ItemPool) -> ItemPool:
+        """Both pools' items, their counts summed, an item's attributes this pool's where it has the item."""
+        items, first, inverse = np.unique(np.concatenate([self.items, other.items]), return_index=True, return_inverse=True)
+        counts = np.bincount(inverse.reshape(-1), weights=np.concatenate([self.counts, other.counts]), minlength=items.size)
+        return ItemPool(items, counts.astype(np.int64), np.concatenate([self.attributes, other.attributes])[first])
+
+
 class _Accumulator:
     """The sorted arrays so far, and the blocks' reduced entries not merged into them yet."""
 

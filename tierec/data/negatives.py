@@ -4,11 +4,16 @@ A log of uses, plays or purchases holds positives only. For every positive row,
 :meth:`NegativeSampler.expand` adds K rows right after it: copies of the row (the
 same user, the same context: time, place, device, every other column) with the
 item column replaced by a sampled item and label 0; the positive gets label 1. An
-item is drawn uniformly from the items seen in training, or by their training
-counts (``"popularity"``), and redrawn while the user has it: in the training
-split for training negatives, in training or in the split itself for validation
-and test negatives. The columns of ``data.item_features`` (the item's price class,
-its category) are the sampled item's, from its first training row.
+item is drawn uniformly from the items of the split being read and the splits
+before it, or by their counts there (``"popularity"``): training negatives from
+the training items, validation and test negatives from the items of training and
+that split (an item first used in the test split is a candidate there as it is a
+positive there: drawn from training items alone, every test row of such an item
+would be a positive, and "never seen in training" would predict the label). A
+draw is redrawn while the user has the item: in the training split, or in the
+split itself for validation and test negatives. The columns of
+``data.item_features`` (the item's price class, its category) are the sampled
+item's, from its first row in training (else in the split).
 
 Every draw is a hash of (seed, split, epoch, the positive's row in the file, which
 of its K negatives, which attempt), not a stream of random numbers, so the
@@ -48,7 +53,7 @@ import numpy as np
 
 from tierec.data.blocks import RowBlock, skip_rows
 from tierec.data.errors import DataError, ProblemReport
-from tierec.data.interactions import GOLDEN, ColumnRoles, Interactions, mix64
+from tierec.data.interactions import GOLDEN, ColumnRoles, Interactions, ItemPool, mix64
 
 if TYPE_CHECKING:
     from tierec.data.splits import Rows
@@ -69,8 +74,8 @@ class NegativeSampler:
     """Draws and adds the negatives of one split (and, for training, one epoch)."""
 
     spec: NegativeSpec
-    train: Interactions  # the items to draw from, and what each user has in training
-    held: Interactions | None  # validation / test: what each user has in that split (excluded too)
+    train: Interactions  # what each user has in training (excluded), and the items to draw from
+    held: Interactions | None  # validation / test: what each user has in that split (excluded), its items drawn from too
     salt: int  # from (data.negative_seed, split, epoch): see negative_salt
 
     def expand(self, block: RowBlock) -> RowBlock:
@@ -91,52 +96,59 @@ class NegativeSampler:
         out = block.select(origin[order])
         new_items = items[origin[order]]
         chosen = picked[order[negative] - n]  # [m'] the sampled items, in output order
-        new_items[negative] = self.train.items[chosen]
+        pool = self.pool
+        new_items[negative] = pool.items[chosen]
         out = out.with_feature_ids(roles.item, new_items)
         for a, f in enumerate(roles.attributes):
             ids = out.feature(f)[0].copy()
-            ids[negative] = self.train.attributes[chosen, a]
+            ids[negative] = pool.attributes[chosen, a]
             out = out.with_feature_ids(f, ids)
         return out.with_labels(np.where(negative, np.float32(0), labels[origin[order]]).astype(np.float32))
 
     def draw(self, users: np.ndarray, rows: np.ndarray, which: np.ndarray) -> np.ndarray:
-        """[m] int64: for each (user, file row, which negative) an index into ``train.items`` the user does not
+        """[m] int64: for each (user, file row, which negative) an index into ``pool.items`` the user does not
         have, or -1 when there is none."""
         out = np.full(users.shape[0], -1, np.int64)
-        if self.train.items.size == 0 or users.size == 0:
+        pool = self.pool
+        if pool.items.size == 0 or users.size == 0:
             return out
         with np.errstate(over="ignore"):
             base = mix64(mix64(rows.astype(np.int64).view(np.uint64) ^ np.uint64(self.salt)) + which.astype(np.uint64) * GOLDEN)
         todo = np.arange(users.shape[0])
         for attempt in range(1, ATTEMPTS + 1):
             cand = self._pick(_unit(base[todo], attempt))
-            bad = self._excluded(users[todo], self.train.items[cand])
+            bad = self._excluded(users[todo], pool.items[cand])
             out[todo[~bad]] = cand[~bad]
             todo = todo[bad]
             if todo.size == 0:
                 return out
         for user in np.unique(users[todo]):  # users with (nearly) every item: exactly, among the items they lack
             at = todo[users[todo] == user]
-            allowed = np.flatnonzero(~self._excluded(np.full(self.train.items.size, user), self.train.items))
+            allowed = np.flatnonzero(~self._excluded(np.full(pool.items.size, user), pool.items))
             if allowed.size:
-                weights = self.train.counts[allowed] if self.spec.popularity else np.ones(allowed.size, np.int64)
+                weights = pool.counts[allowed] if self.spec.popularity else np.ones(allowed.size, np.int64)
                 cum = np.cumsum(weights)
                 u = _unit(base[at], ATTEMPTS + 1)
                 out[at] = allowed[np.minimum(np.searchsorted(cum, u * cum[-1], side="right"), allowed.size - 1)]
         return out
 
     def _pick(self, u: np.ndarray) -> np.ndarray:
-        """Indices into ``train.items`` for uniform numbers ``u`` [m] in [0, 1)."""
-        n = self.train.items.size
+        """Indices into ``pool.items`` for uniform numbers ``u`` [m] in [0, 1)."""
+        n = self.pool.items.size
         if not self.spec.popularity:
             return np.minimum((u * n).astype(np.int64), n - 1)
         cum = self.cumulative
         return np.minimum(np.searchsorted(cum, u * cum[-1], side="right"), n - 1)
 
     @cached_property
+    def pool(self) -> ItemPool:
+        """The items negatives are drawn from: training's, and for validation and test also the split's own."""
+        return ItemPool.of(self.train) if self.held is None else ItemPool.of(self.train).union(ItemPool.of(self.held))
+
+    @cached_property
     def cumulative(self) -> np.ndarray:
-        """[I] int64 the training counts summed up to each item (popularity draws)."""
-        return np.cumsum(self.train.counts)
+        """[I] int64 the pool's counts summed up to each item (popularity draws)."""
+        return np.cumsum(self.pool.counts)
 
     def _excluded(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         bad = self.train.has(users, items)

@@ -26,6 +26,16 @@ training rows       train.batch_size             epochs  other keys
 >= 204,800          2048 (the default)           1       (the defaults)
 ==================  ===========================  ======  =============================================
 
+Logs with sampled negatives (``data.negatives > 0``) of 204,800 to 2,047,999
+training rows (negatives counted) get two epochs and the row-wise Adagrad at lr
+0.1 instead of one epoch at 0.05: measured on Frappe and Last.fm (about 260,000
+and 250,000 rows, seed 0, DLRM and DeepFM), both raised test AUC on both logs
+(Frappe 0.972 / 0.950 -> 0.986 / 0.979, Last.fm 0.866 / 0.877 -> 0.887 / 0.892;
+on Last.fm more than two epochs alone, 0.873 / 0.889, or lr 0.1 alone, 0.880 /
+0.881; on Frappe each alone was not measured); each epoch draws new training
+negatives. Outside that
+range nothing was measured and the table holds.
+
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.
 
@@ -43,6 +53,9 @@ and ``predict`` read them back, never choosing again) and printed.
 {'train.batch_size': 512}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=5_000_000)[1]
 {}
+>>> log = load_config(None, ["data.negatives=2", 'data.user_column="C1"', 'data.item_column="C2"'])
+>>> size_defaults(log, given=set(), train_rows=250_000)[1], size_defaults(log, given=set(), train_rows=2_048_000)[1]
+({'train.epochs': 2, 'embedding.optimizer.lr': 0.1}, {})
 """
 
 from __future__ import annotations
@@ -61,6 +74,9 @@ MIN_BATCH = 256  # from 20,000 rows on
 SMALL_DIM = 8  # below 20,000 rows: fewer values per id seen once or twice, and less to overfit
 SMALL_DENSE_LR = 0.002
 SMALL_FIRST_ORDER_LR_SCALE = 5.0  # the biases at 5x the embeddings' Adam lr (1x, 3x and 10x measured worse)
+IMPLICIT_MAX_ROWS = 2_048_000  # logs with sampled negatives from LARGE_ROWS to here: two epochs, Adagrad lr 0.1
+IMPLICIT_EPOCHS = 2
+IMPLICIT_LR = 0.1  # row-wise Adagrad (the default 0.05; 0.2 for one epoch measured between the two)
 _SAMPLE_BYTES = 1 << 16
 
 
@@ -98,7 +114,8 @@ def _power_of_two_at_most(n: int) -> int:
 
 def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     if rows >= LARGE_ROWS:
-        return {}
+        implicit = cfg.data.negatives > 0 and rows < IMPLICIT_MAX_ROWS
+        return {"train.epochs": IMPLICIT_EPOCHS, "embedding.optimizer.lr": IMPLICIT_LR} if implicit else {}
     adam = {"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
     if rows >= SMALL_ROWS:
         batch = max(_power_of_two_at_most(rows // STEPS_PER_EPOCH), MIN_BATCH)

@@ -110,7 +110,9 @@ def test_the_budget_makes_room_for_the_windows() -> None:
 
     plain, ahead = spec("store.prefetch=false"), spec()  # on by default
     assert plain.stage_bytes is None and plain.host_bytes == 48 << 20
-    assert ahead.stage_bytes == 8 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20
+    assert ahead.stage_bytes == 16 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20  # fp32: a quarter
+    compact = spec("store.cold_precision=int8")
+    assert compact.stage_bytes == 8 << 20 and compact.host_bytes == 40 << 20  # an eighth
     full = spec("store.host_size=48MiB")  # sizes that leave nothing: no reading ahead
     assert full.stage_bytes == 0 and full.host_bytes == 48 << 20
     partial = spec("store.host_size=40MiB")

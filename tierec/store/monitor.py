@@ -100,7 +100,7 @@ class StoreMonitor:
         if self.pipeline is None or not self.pipeline.targets:
             return ""
         return (f"store: reading disk rows ahead in windows of up to {self.pipeline.depth} batches, fewer while they "
-                "do not fit in their eighth of store.memory_budget (store.prefetch, store.prefetch_depth)")
+                "do not fit in their share of store.memory_budget (store.prefetch, store.prefetch_depth)")
 
     def pipeline_stats(self) -> dict[str, float]:
         if self.pipeline is None:

@@ -38,8 +38,13 @@ from tierec.store.spec import TierSpec
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
-STAGE_SHARE = 8  # store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows),
-# or what cache_size + host_size leave of it when both are given
+# store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows), or what
+# cache_size + host_size leave of it when both are given. fp32 records are 2.4x int8 ones at dim 16: an eighth
+# held a whole window of int8 rows at 4x (8,233 of 8,388 disk rows per step read ahead) but not of fp32 ones,
+# and a quarter gave fp32 1.14x the samples/s at 4x (0.223x -> 0.255x of memory) and 1.07x at 16x (0.112x ->
+# 0.120x, on demand 0.118x): docs/performance.md, 2026-11-27.
+STAGE_SHARE = {"fp32": 4}
+STAGE_SHARE_COMPACT = 8  # bf16, int8
 
 
 @dataclass(kw_only=True)
@@ -130,7 +135,7 @@ class StorePlan:
             if cache > budget:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
             if self.read_ahead and disk:
-                stage = budget // STAGE_SHARE if host is None else budget - cache - host
+                stage = budget // STAGE_SHARE.get(cfg.cold_precision, STAGE_SHARE_COMPACT) if host is None else budget - cache - host
             if host is None:
                 host = budget - cache - (stage or 0)
             elif cache + host > budget:

@@ -20,7 +20,8 @@ bf16, the rule of tierec/train/precision.py) it runs in bf16 autocast, as
 True
 
 :meth:`DenseProgram.with_weights` is the same program with other weights (a delta checkpoint's dense
-model, ``tierec serve --follow``): a new module, the loaded one untouched.
+model, ``tierec serve --follow``): the same module called with those tensors in place of its own
+(``torch.func.functional_call``), so taking up a delta builds no module and the loaded one is untouched.
 
 >>> other = build_model(ModelConfig(bottom_mlp=[8], top_mlp=[8]), n_dense=3, n_sparse=4, dim=2)
 >>> q = p.with_weights(other.state_dict())
@@ -75,10 +76,12 @@ def save_program(model: CTRModel, path: str | os.PathLike, *, n_dense: int, n_sp
 class DenseProgram:
     """A loaded program, called like the model: ``program(dense, emb, wide) -> logits [B]`` float32."""
 
-    def __init__(self, program: torch.export.ExportedProgram, precision: str, module: nn.Module | None = None) -> None:
+    def __init__(self, program: torch.export.ExportedProgram, precision: str, module: nn.Module | None = None,
+                 weights: dict[str, Tensor] | None = None) -> None:  # fmt: skip
         self.program = program
         self.precision = precision
-        self.module = program.module() if module is None else module
+        self.module = program.module() if module is None else module  # never changed once built
+        self.weights = weights  # the module's tensors to call it with instead of its own (with_weights)
         self.dtype = autocast_dtype(precision, "cpu")
 
     @staticmethod
@@ -92,18 +95,26 @@ class DenseProgram:
 
     def with_weights(self, state: dict[str, Tensor]) -> DenseProgram:
         """This program with the model weights ``state`` (the model's ``state_dict``: same keys and shapes, else
-        an ExportError); a fresh module is given the tensors, so this one keeps its own."""
-        module = self.program.module()
-        try:
-            module.load_state_dict({f"model.{k}": v for k, v in state.items()}, strict=True, assign=True)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0][:200]
-            raise ExportError(f"the dense weights do not fit the exported program ({first})") from None
-        return DenseProgram(self.program, self.precision, module)
+        an ExportError); this one keeps its own."""
+        own = self.module.state_dict()
+        weights = {f"model.{k}": v for k, v in state.items()}
+        if weights.keys() != own.keys():
+            diff = sorted(weights.keys() ^ own.keys())
+            raise ExportError(f"the dense weights do not fit the exported program (keys differ: {diff[:3]})")
+        for k, v in weights.items():
+            if v.shape != own[k].shape or v.dtype != own[k].dtype:
+                raise ExportError(f"the dense weights do not fit the exported program ({k}: {tuple(v.shape)} "
+                                  f"{v.dtype}, the program has {tuple(own[k].shape)} {own[k].dtype})")
+        return DenseProgram(self.program, self.precision, self.module, weights)
+
+    def _run(self, dense: Tensor, emb: Tensor, wide: Tensor) -> Tensor:
+        if self.weights is None:
+            return self.module(dense, emb, wide)
+        return torch.func.functional_call(self.module, self.weights, (dense, emb, wide))
 
     def __call__(self, dense: Tensor, emb: Tensor, wide: Tensor) -> Tensor:
         with torch.inference_mode():  # no autograd bookkeeping at all (cheaper than no_grad per call)
             if self.dtype is None:
-                return self.module(dense, emb, wide).float()
+                return self._run(dense, emb, wide).float()
             with torch.autocast("cpu", dtype=self.dtype):
-                return self.module(dense, emb, wide).float()
+                return self._run(dense, emb, wide).float()

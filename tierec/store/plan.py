@@ -135,7 +135,10 @@ class StorePlan:
             if cache > budget:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
             if self.read_ahead and disk:
-                stage = budget // STAGE_SHARE.get(cfg.cold_precision, STAGE_SHARE_COMPACT) if host is None else budget - cache - host
+                if host is None:  # its share, but never more than half of what the fast tier leaves
+                    stage = min(budget // STAGE_SHARE.get(cfg.cold_precision, STAGE_SHARE_COMPACT), max(budget - cache, 0) // 2)
+                else:
+                    stage = budget - cache - host
             if host is None:
                 host = budget - cache - (stage or 0)
             elif cache + host > budget:

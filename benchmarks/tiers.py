@@ -341,8 +341,15 @@ def run_oracle(a: argparse.Namespace) -> dict:
     timed = int(ptr[-1] - ptr[a.warmup])
     hits = belady(ptr, ids, next_uses(ptr, ids, uniq.size), rows, uniq.size, a.warmup, prefilled=True)
     best = (timed - hits) / steps
+    # what the history alone allows: the rows used most in the warm-up kept in memory for good, the rest read
+    # from disk at each use (no cache of them at all)
+    seen = np.bincount(ids[: ptr[a.warmup]], minlength=uniq.size)
+    kept = np.zeros(uniq.size, dtype=bool)
+    kept[np.argsort(-seen, kind="stable")[:rows]] = True
+    static = float(np.count_nonzero(~kept[ids[ptr[a.warmup] :]])) / steps
     return {"steps": steps, "warmup": a.warmup, "rows_in_memory": rows, "cold_precision": a.cold_precision,
-            "tierec_disk_rows_per_step": ours, "belady_disk_rows_per_step": best, "over_belady": ours / max(best, 1e-9)}
+            "tierec_disk_rows_per_step": ours, "belady_disk_rows_per_step": best, "over_belady": ours / max(best, 1e-9),
+            "static_by_warmup_counts_disk_rows_per_step": static}
 
 
 def run_memory(a: argparse.Namespace) -> dict:

@@ -29,10 +29,10 @@ HOT = ["model.name=deepfm", "dist.hot_rows=64", "dist.hot_refresh_every=3", "dis
 PRUNED = ["prune.enabled=true", "prune.chunk=4", "prune.every=3", "prune.target_ratio=2", "prune.min_dim=0"]
 
 
-@pytest.mark.parametrize("storage", ["plain", "tiered", "hot", "pruned"])
+@pytest.mark.parametrize("storage", ["plain", "tiered", "hot", "pruned", "tiered+pruned"])
 def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, storage: str) -> None:
-    tiered = storage == "tiered"
-    over = SMALL + ["train.eval_every=0", "train.max_steps=9"] + {"hot": HOT, "pruned": PRUNED}.get(storage, [])
+    tiered = storage.startswith("tiered")
+    over = SMALL + ["train.eval_every=0", "train.max_steps=9"] + {"hot": HOT, "pruned": PRUNED, "tiered+pruned": PRUNED}.get(storage, [])
     if tiered:
         over += TIERED + [f"store.disk_path={tmp_path / 'disk'}"]
     # step 2 (full: no base yet), 4 (delta of 2), 5 (full), 6, 8 (deltas of 5), 9 (the end: full)
@@ -43,7 +43,7 @@ def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, sto
     with Checkpoint(ckpts / "delta_00000008_of_00000005") as delta:
         assert delta.world_size == 2 and delta.meta["delta"] == {"base": 5, "previous": 6}
         assert {f[:11] for f in delta.row_files} == {"rows-00000-", "rows-00001-"}  # each rank's changed rows
-    if storage in ("tiered", "pruned"):  # rows expired (store.ttl_steps) or evicted at dim 0: a delta names them,
+    if storage in ("tiered", "pruned", "tiered+pruned"):  # rows expired (store.ttl_steps) or evicted at dim 0: a delta names them,
         deleted = []  # in the part of the rank that held them
         for name in names[:2]:
             with Checkpoint(ckpts / name) as delta:
@@ -54,7 +54,7 @@ def test_two_process_full_plus_deltas_is_the_full_checkpoint(tmp_path: Path, sto
     for nproc in (2, 1):  # the same job's checkpoints restored on 2 processes, then on 1
         ref = _restored(over, tmp_path / "r", "step_00000008", tmp_path / f"ref_state{nproc}", nproc)
         got = _restored(over, tmp_path / "d", "step_00000005", tmp_path / f"delta_state{nproc}", nproc)
-        if storage == "pruned":  # rows really at other dims: their values are compared at their own dims
+        if storage.endswith("pruned"):  # rows really at other dims: their values are compared at their own dims
             dims = [v for k, v in ref[0].items() if k.endswith(".dims")]
             assert any(k.endswith(".chunked.weights") for k in ref[0]) and any(int(d.min()) < 8 for d in dims)
         for r, (a, b) in enumerate(zip(ref, got)):

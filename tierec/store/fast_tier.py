@@ -56,13 +56,17 @@ def _scatter_cols(dst, slots, rec, col):
             dst[r, j] = rec[i, col + j]
 
 
+def state_widths(optimizer, dim: int) -> dict[str, int]:
+    """Float32 words of each optimizer state per row (a record is the weights, then these in turn)."""
+    return {k: int(np.prod(s, dtype=np.int64)) for k, s in state_shapes(optimizer.kind, dim).items()}
+
+
 class FastTier:
     def __init__(self, capacity: int, dim: int, optimizer, device: torch.device | str) -> None:
         self.capacity = capacity
         self.dim = dim
         self.device = torch.device(device)
-        shapes = state_shapes(optimizer.kind, dim)
-        self.state_widths = {k: int(np.prod(s, dtype=np.int64)) for k, s in shapes.items()}
+        self.state_widths = state_widths(optimizer, dim)
         self.record_width = dim + sum(self.state_widths.values())  # float32 per row
         # [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
         self.weights = torch.empty(capacity + 1, dim, device=self.device)

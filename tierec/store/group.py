@@ -61,14 +61,13 @@ import torch
 from torch import Tensor
 
 from tierec.embedding.group import TableGroup
-from tierec.embedding.optimizers import state_shapes
 from tierec.embedding.table import TableConfig
 from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.eviction import Eviction
-from tierec.store.fast_tier import ZERO_SLOT, FastTier
+from tierec.store.fast_tier import ZERO_SLOT, FastTier, state_widths
 from tierec.store.host import HostTier
 from tierec.store.policies import Policies
 from tierec.store.staging import Staging
@@ -90,8 +89,7 @@ class TieredGroup(Policies, TierState, TableGroup):
     ) -> None:
         self._describe(tables, seed, device)  # a TableGroup's description; its rows live here instead
         self.spec = spec
-        widths = state_shapes(self.optimizer.kind, self.dim)
-        self.record_width = self.dim + sum(int(np.prod(s, dtype=np.int64)) for s in widths.values())  # float32 per row
+        self.record_width = self.dim + sum(state_widths(self.optimizer, self.dim).values())  # float32 per row
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
         if self.capacity < 1:
             raise CacheCapacityError(

@@ -43,5 +43,17 @@ class Admission:
             admit |= draw < self.probability
         return admit
 
+    def sketch_state(self) -> tuple[np.ndarray | None, int]:
+        """(the sketch's counters as int64, or None without a sketch; sightings added since its last halving)."""
+        if self.sketch is None:
+            return None, 0
+        return self.sketch.table.astype(np.int64), self.sketch.added
+
+    def load_sketch(self, table: np.ndarray, added: int) -> None:
+        """Counters and sightings from :meth:`sketch_state` (ignored without a sketch)."""
+        if self.sketch is not None:
+            self.sketch.table[...] = table
+            self.sketch.added = added
+
     def nbytes(self) -> int:
         return self.sketch.nbytes() if self.sketch is not None else 0

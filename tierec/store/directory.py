@@ -392,6 +392,15 @@ class Directory:
         _where(lids, self.tier, self.pos, self.c_loc, self.c_home, cs, loc, home)
         return lids, cs, loc, home
 
+    def count_use(self, slots: np.ndarray, step: int) -> None:
+        """Resident rows in fast-tier ``slots`` (distinct) were used once more, at training step ``step``."""
+        self.c_freq[slots] += np.float32(1.0)
+        self.c_last[slots] = step
+
+    def resident(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(home tier, home slot, access count) [n] of the resident rows in fast-tier ``slots``."""
+        return self.c_loc[slots], self.c_home[slots].astype(np.int64), self.c_freq[slots]
+
     def away_in(self, lids: np.ndarray, loc: int) -> np.ndarray:
         """[n] bool: the row is away from the fast tier and homed in ``loc``."""
         return self.tier[lids] == np.int8(loc)  # the resident bit is clear and the tier byte is the home

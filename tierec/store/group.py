@@ -153,7 +153,7 @@ class TieredGroup(Policies, TierState, TableGroup):
             if self.train_steps % self.spec.interval == 0:
                 self.maintain()
         d = self.index
-        lids, cs, loc, home = d.probe(keys, tabs)  # [U] each
+        lids, cs, loc, _ = d.probe(keys, tabs)  # [U] each
         rows = np.full(keys.shape[0], -1, dtype=np.int64)
         if insert:
             unknown = np.flatnonzero(lids < 0)
@@ -163,13 +163,12 @@ class TieredGroup(Policies, TierState, TableGroup):
                 rows[rejected] = ZERO_SLOT
                 self._count(Counter.REJECTED, tabs[rejected])
                 new = unknown[admit]
-                lids[new] = d.insert(keys[new], tabs[new])  # away from every tier: cs, loc, home say so already
+                lids[new] = d.insert(keys[new], tabs[new])  # away from every tier: cs and loc say so already
                 self._count(Counter.NEW, tabs[new])
         pos = np.flatnonzero(lids >= 0)
-        rows[pos] = self._make_resident(lids[pos], self.clock, tabs=tabs[pos], where=(cs[pos], loc[pos], home[pos]))
+        rows[pos] = self._make_resident(lids[pos], cs[pos], loc[pos], tabs[pos], self.clock)
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
-            d.c_freq[rows[pos]] += np.float32(1.0)
-            d.c_last[rows[pos]] = self.train_steps
+            d.count_use(rows[pos], self.train_steps)
             self.fast.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
@@ -239,23 +238,25 @@ class TieredGroup(Policies, TierState, TableGroup):
         # host rows are a copy away: nothing to read ahead; nor with no memory left for it
         return self if self.disk is not None and self.spec.stage_bytes != 0 else None
 
+    def read_ahead_fill(self) -> tuple[int, int, int | None]:
+        """(rows not read ahead so far for want of room, bytes the windows hold now, bytes they may hold; None:
+        no bound)."""
+        return self.staging.stats.dropped_rows, self.staging.nbytes(), self.spec.stage_bytes
+
     def tier_stores(self) -> list[TieredGroup]:
         return [self]
 
     # ---------------------------------------------------- data movement
 
-    def _make_resident(self, lids: np.ndarray, pin: int, tabs: np.ndarray | None = None, where=None) -> np.ndarray:
-        """Slots [n] of rows ``lids`` after bringing the missing ones up; all pinned with ``pin``.
-        ``where``: their (fast-tier slot, home tier, home slot) when the caller has them (Directory.probe)."""
-        _, cs, loc, home = (None, *where) if where is not None else self.index.where(lids)
+    def _make_resident(self, lids: np.ndarray, cs: np.ndarray, loc: np.ndarray, tabs: np.ndarray, pin: int) -> np.ndarray:
+        """Slots [n] of rows ``lids`` (of tables ``tabs``; fast-tier slot ``cs`` and home tier ``loc`` as probed)
+        after bringing the missing ones up; all pinned with ``pin``."""
         cs = cs.copy()
         hit = cs >= 0
         self.fast.pin[cs[hit]] = pin  # protect them before anything is evicted
         miss = np.flatnonzero(~hit)
-        if tabs is not None:
-            self._count(Counter.HITS, tabs[hit])
-            was_stored = loc[miss] != LOC_NONE
-            self._count(Counter.MISSES, tabs[miss][was_stored])
+        self._count(Counter.HITS, tabs[hit])
+        self._count(Counter.MISSES, tabs[miss][loc[miss] != LOC_NONE])
         if lids.size > self.capacity:
             raise CacheCapacityError(
                 f"a batch needs {lids.size} rows of tables {[t.name for t in self.tables]} resident together, but "
@@ -295,11 +296,11 @@ class TieredGroup(Policies, TierState, TableGroup):
             return
         d = self.index
         lids = self.fast.slot_lid[slots].astype(np.int64)
-        loc, home = d.c_loc[slots], d.c_home[slots].astype(np.int64)
+        loc, home, freq = d.resident(slots)
         write = self.fast.dirty[slots] | (loc == LOC_NONE)
         if write.any():
             w = slots[write]
-            loc[write], home[write] = self._store_home(lids[write], self.fast.gather(w), d.c_freq[w], loc[write], home[write])
+            loc[write], home[write] = self._store_home(lids[write], self.fast.gather(w), freq[write], loc[write], home[write])
         d.go_down(lids, slots, loc, home)
         self.fast.release(slots)
         self._count(Counter.EVICTED, d.tabs[lids])

@@ -102,7 +102,7 @@ def _evictable(slot_lid, pin, keep, clock, score_of_slot, soft, out_slots, out_s
     return n
 
 
-def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, keep: np.ndarray | None = None,
+def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, keep: np.ndarray,
               soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(slots, scores) of occupied slots not pinned by the batch in flight, nor kept for a later batch of the
     read-ahead window (``keep`` [C+1]: the lookup they are kept until) unless ``soft``.
@@ -111,7 +111,6 @@ def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarr
     """
     slots = np.empty(slot_lid.shape[0], dtype=np.int64)
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
-    keep = np.zeros(slot_lid.shape[0], dtype=np.int64) if keep is None else keep
     n = _evictable(slot_lid, pin, keep, np.int64(clock), score, soft, slots, scores)
     return slots[:n], scores[:n]
 

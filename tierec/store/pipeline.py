@@ -174,13 +174,12 @@ class StorePipeline:
         """The next window's length: halved while a window's rows do not fit in the memory the windows have
         (rows were dropped: read on demand after all), doubled up to ``depth`` while the windows held use
         less than half of it."""
-        dropped = sum(tg.group.staging.stats.dropped_rows for tg in self.targets)
-        held, room = 0, 0
+        dropped, held, room = 0, 0, 0
         for tg in self.targets:
-            if tg.group.spec.stage_bytes is None:
+            d, h, r = tg.group.read_ahead_fill()
+            if r is None:
                 return  # no bound: the full depth always fits
-            held += tg.group.staging.nbytes()
-            room += tg.group.spec.stage_bytes
+            dropped, held, room = dropped + d, held + h, room + r
         if dropped > self._dropped:
             self.window = max(1, self.window // 2)
         elif 2 * held < room:

@@ -38,13 +38,14 @@ from tierec.store.spec import TierSpec
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
-# store.prefetch: 1/STAGE_SHARE of the budget holds the disk records read ahead (two windows), or what
+# store.prefetch: 1/stage_share() of the budget holds the disk records read ahead (two windows), or what
 # cache_size + host_size leave of it when both are given. fp32 records are 2.4x int8 ones at dim 16: an eighth
 # held a whole window of int8 rows at 4x (8,233 of 8,388 disk rows per step read ahead) but not of fp32 ones,
 # and a quarter gave fp32 1.14x the samples/s at 4x (0.223x -> 0.255x of memory) and 1.07x at 16x (0.112x ->
 # 0.120x, on demand 0.118x): docs/performance.md, 2026-11-27.
-STAGE_SHARE = {"fp32": 4}
-STAGE_SHARE_COMPACT = 8  # bf16, int8
+def stage_share(cold_precision: str) -> int:
+    """The windows' records get 1/this of the budget: 4 with fp32 cold rows, 8 with bf16 or int8 ones."""
+    return 4 if cold_precision == "fp32" else 8
 
 
 @dataclass(kw_only=True)
@@ -136,7 +137,7 @@ class StorePlan:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
             if self.read_ahead and disk:
                 if host is None:  # its share, but never more than half of what the fast tier leaves
-                    stage = min(budget // STAGE_SHARE.get(cfg.cold_precision, STAGE_SHARE_COMPACT), max(budget - cache, 0) // 2)
+                    stage = min(budget // stage_share(cfg.cold_precision), max(budget - cache, 0) // 2)
                 else:
                     stage = budget - cache - host
             if host is None:

@@ -91,10 +91,10 @@ class TierState:
         with self._lock:
             out = {"store.counters": torch.from_numpy(self.counters[t].copy())}
             if t == 0:
-                added = self.admission.sketch.added if self.admission.sketch is not None else 0
+                table, added = self.admission.sketch_state()
                 out["store.clock"] = torch.tensor([self.clock, self.train_steps, self.max_batch_rows, added])
-                if self.admission.sketch is not None:
-                    out["store.sketch"] = torch.from_numpy(self.admission.sketch.table.astype(np.int64))
+                if table is not None:
+                    out["store.sketch"] = torch.from_numpy(table)
                 if self.codec.lossy:  # the free fast-tier slots, bottom of the stack first
                     out["store.free_slots"] = torch.from_numpy(self.fast.free_slots[: self.fast.n_free].astype(np.int32))
                     out["store.capacity"] = torch.tensor([self.capacity], dtype=torch.int64)
@@ -104,9 +104,8 @@ class TierState:
         with self._lock:
             if "store.clock" in sd:
                 self.clock, self.train_steps, self.max_batch_rows, added = (int(x) for x in sd["store.clock"])
-                if self.admission.sketch is not None and "store.sketch" in sd:
-                    self.admission.sketch.table[...] = sd["store.sketch"].numpy()
-                    self.admission.sketch.added = added
+                if "store.sketch" in sd:
+                    self.admission.load_sketch(sd["store.sketch"].numpy(), added)
             if "store.counters" in sd:
                 c = sd["store.counters"].numpy()
                 self.counters[t, : c.shape[0]] = c[: len(Counter)]

@@ -27,8 +27,10 @@ Host and disk hold rows as ``store.cold_precision`` says (a
 encoded when it leaves the fast tier and decoded when it comes back.
 
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
-evicted until a later lookup starts (the batch's update is done by then). So
-one batch is in flight at a time, every row has a single resident copy, and
+evicted until lookup ``c + spec.in_flight`` starts: with 1, the next lookup
+(the batch's update is done by then); with 2 (``store.lookup_ahead``), the one
+after, so the next batch's lookup may run during this batch's step
+(:meth:`TieredGroup.lookup_ahead`). Every row has a single resident copy and
 the update always lands on it: training is bitwise the same under any layout.
 
 Reading ahead (:meth:`TieredGroup.stage`): the pipeline names the rows of
@@ -100,7 +102,7 @@ class TieredGroup(TableGroup):
             raise CacheCapacityError(
                 f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
-        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device)
+        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight)
         self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
@@ -189,6 +191,17 @@ class TieredGroup(TableGroup):
             self.fast.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         return torch.from_numpy(rows)
+
+    def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor | None:
+        """The training lookup of the batch after the one whose step is computing, run during that step (the
+        training pipeline's stage 3), or None when it has to wait for the step: a hotness pass is due at
+        it (the pass may delete rows, the computing batch's among them). Safe beside the step: the
+        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None) and the step
+        writes only them; the rows and numbers are those of :meth:`lookup` after the step."""
+        with self._lock:
+            if self.spec.in_flight < 2 or (self.train_steps + 1) % self.spec.interval == 0:
+                return None
+            return self.lookup(keys, tabs, insert=True)
 
     def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
@@ -304,6 +317,7 @@ class TieredGroup(TableGroup):
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
+                + (" (or set store.lookup_ahead = false: then one batch's rows are pinned, not two)" if self.spec.in_flight > 1 else "")
             )
         self._write_back(slots)
 
@@ -441,8 +455,9 @@ class TieredGroup(TableGroup):
             self.index.delete(lids)
 
     def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
-        return self.index.keys[lids], self.index.tabs[lids]
+        with self._lock:  # a lookup ahead (another thread) may be growing the directory
+            lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
+            return self.index.keys[lids], self.index.tabs[lids]
 
     def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         with self._lock:

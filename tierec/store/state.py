@@ -112,6 +112,10 @@ class TierRecords:
             if self.codec.lossy:  # the free fast-tier slots, bottom of the stack first
                 out["store.free_slots"] = torch.from_numpy(self.fast.free_slots[: self.fast.n_free].astype(np.int32))
                 out["store.capacity"] = torch.tensor([self.fast.capacity], dtype=torch.int64)
+                # the slots the next lookups may not evict yet (store.lookup_ahead: the last lookup's), by age
+                ages = clocks.clock - self.fast.pin
+                held = np.flatnonzero((self.fast.slot_lid >= 0) & (ages < self.fast.in_flight - 1))
+                out["store.pinned_slots"] = torch.from_numpy(np.stack([held, ages[held]]).astype(np.int64))
         return out
 
     def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> Clocks | None:
@@ -130,6 +134,9 @@ class TierRecords:
             self._saved_free = sd["store.free_slots"].numpy().astype(np.int64) if same else None
             if same:
                 self.fast.restack(self._saved_free)
+                if "store.pinned_slots" in sd and clocks is not None:  # pinned as they were; rows come in below (_place)
+                    held, ages = sd["store.pinned_slots"].numpy()
+                    self.fast.pin[held] = clocks.clock - ages
         return clocks
 
     def write_records(self, t: int, sd: dict[str, Tensor], train_steps: int) -> None:
@@ -206,6 +213,5 @@ class TierRecords:
         self.index.cslot[lids] = slots
         self.fast.slot_lid[slots] = lids
         self.fast.dirty[slots] = True  # no copy in a slower tier
-        self.fast.pin[slots] = 0
-        self.fast.keep[slots] = 0
+        self.fast.keep[slots] = 0  # (their pins are as the checkpoint had them: load_table_meta)
         self.fast.restack(self._saved_free)  # the saved stack, below it the slots kept for rows still to load

@@ -6,7 +6,6 @@ import threading
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -69,7 +68,8 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path
     (la, ra, sa), (lb, rb, sb) = runs["sequential"], runs["ahead"]
     assert la == lb
     assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
-    assert sa == sb  # the same hits, misses, evictions and reads
+    if precision != "fp32":  # rounded rows: the same rows move (fp32 rows may move otherwise, with the same values)
+        assert sa == sb
 
 
 def test_a_run_with_checkpoints_resumes_exactly_with_lookups_ahead(tmp_path: Path) -> None:
@@ -93,11 +93,14 @@ def test_a_run_with_checkpoints_resumes_exactly_with_lookups_ahead(tmp_path: Pat
     assert abs(plain["test_auc"] - full["test_auc"]) < 0.01  # int8 rows: one batch pinned, not two, moves rows
 
 
-def test_a_fast_tier_of_one_batch_names_the_setting(tmp_path: Path) -> None:
+def test_a_fast_tier_of_one_batch(tmp_path: Path) -> None:
+    """fp32 rows: the lookup waits for the step instead (same numbers); int8 rows: a clear error."""
     from tierec.store.group import CacheCapacityError
 
-    over = BASE + _tiers(tmp_path / "rows", "fp32") + ["store.cache_size=128KiB"]
+    small = ["store.cache_size=128KiB"]
+    ahead = Trainer(load_config(None, BASE + _tiers(tmp_path / "a", "fp32") + small), tmp_path / "run", echo=lambda _: None).fit()
+    off = ["store.lookup_ahead=false"]
+    seq = Trainer(load_config(None, BASE + _tiers(tmp_path / "b", "fp32") + small + off), tmp_path / "run2", echo=lambda _: None).fit()
+    assert ahead["test_auc"] == seq["test_auc"] and ahead["final_train_loss"] == seq["final_train_loss"]
     with pytest.raises(CacheCapacityError, match="store.lookup_ahead = false"):
-        Trainer(load_config(None, over), tmp_path / "run", echo=lambda _: None).fit()
-    ok = Trainer(load_config(None, over + ["store.lookup_ahead=false"]), tmp_path / "run2", echo=lambda _: None).fit()
-    assert np.isfinite(ok["test_auc"])
+        Trainer(load_config(None, BASE + _tiers(tmp_path / "c", "int8") + small), tmp_path / "run3", echo=lambda _: None).fit()

@@ -112,13 +112,14 @@ class FastTier:
         self.free_slots[: stack.size] = stack
         self.n_free = stack.size
 
-    def evictable(self, clock: int, score: np.ndarray, soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def evictable(self, clock: int, score: np.ndarray, soft: bool = False, in_flight: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(slots, scores) of occupied slots that may leave at lookup ``clock`` (hotness.evictable).
 
-        The rows of the last ``in_flight`` lookups stay. With 2, the batch whose step is computing and the
-        next one, whose lookup the training pipeline may run during that step (tierec/train/pipeline.py,
-        stage 3); the rule is the same whether or not it does, so either way the same rows move."""
-        return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft, in_flight=self.in_flight)
+        The rows of the last ``in_flight`` lookups stay (this tier's own rule unless given). With 2, the
+        batch whose step is computing and the next one, whose lookup the training pipeline may run during
+        that step (tierec/train/pipeline.py, stage 3)."""
+        keep = self.in_flight if in_flight is None else in_flight
+        return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft, in_flight=keep)
 
     def occupied(self) -> np.ndarray:  # lids of the rows in the fast tier
         return self.slot_lid[self.slot_lid >= 0]

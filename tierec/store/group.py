@@ -27,11 +27,13 @@ Host and disk hold rows as ``store.cold_precision`` says (a
 encoded when it leaves the fast tier and decoded when it comes back.
 
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
-evicted until lookup ``c + spec.in_flight`` starts: with 1, the next lookup
-(the batch's update is done by then); with 2 (``store.lookup_ahead``), the one
-after, so the next batch's lookup may run during this batch's step
-(:meth:`TieredGroup.lookup_ahead`). Every row has a single resident copy and
-the update always lands on it: training is bitwise the same under any layout.
+evicted until lookup ``c + 1`` starts (the batch's update is done by then), or
+``c + 2`` in a lookup that runs during the previous batch's step
+(:meth:`TieredGroup.lookup_ahead`, ``store.lookup_ahead``). With a lossy cold
+codec, where the numbers depend on which rows move, every lookup keeps the
+``c + 2`` rule when the key is on, so looking ahead or not moves the same rows.
+Every row has a single resident copy and the update always lands on it:
+training is bitwise the same under any layout.
 
 Reading ahead (:meth:`TieredGroup.stage`): the pipeline names the rows of
 upcoming batches; those that live only on disk are read on the disk tier's
@@ -80,6 +82,7 @@ from tierec.store.policies import HotnessPass
 from tierec.store.staging import Staging
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
+from tierec.config import ColdPrecision
 from tierec.store.spec import Counter, TierSpec
 
 class CacheCapacityError(RuntimeError):
@@ -102,7 +105,12 @@ class TieredGroup(TableGroup):
             raise CacheCapacityError(
                 f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
-        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight)
+        # rows of the last in_flight lookups stay pinned: with a lossy cold codec the same rule in every lookup,
+        # so a lookup run ahead moves the rows the sequential one would (the numbers depend on them); else 1,
+        # and 2 only in a lookup run ahead (lookup_ahead), where the batch before it is still computing
+        lossy = spec.cold_precision is not ColdPrecision.FP32
+        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight if lossy else 1)
+        self._in_flight: int | None = None  # the rule of the lookup running now, when not the fast tier's
         self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
@@ -126,6 +134,7 @@ class TieredGroup(TableGroup):
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
+        self._last_rows = 0  # unique rows of the last lookup (pinned while the next one runs ahead)
         self._lock = threading.RLock()
         self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
         # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
@@ -190,18 +199,25 @@ class TieredGroup(TableGroup):
             d.count_use(rows[pos], self.train_steps)
             self.fast.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
+        self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
 
     def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor | None:
         """The training lookup of the batch after the one whose step is computing, run during that step (the
         training pipeline's stage 3), or None when it has to wait for the step: a hotness pass is due at
         it (the pass may delete rows, the computing batch's among them). Safe beside the step: the
-        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None) and the step
-        writes only them; the rows and numbers are those of :meth:`lookup` after the step."""
+        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None, as it does when the
+        two batches' rows might not fit in the fast tier together) and the step writes only them; the rows and numbers are those of :meth:`lookup` after the step."""
         with self._lock:
             if self.spec.in_flight < 2 or (self.train_steps + 1) % self.spec.interval == 0:
                 return None
-            return self.lookup(keys, tabs, insert=True)
+            if self._last_rows + keys.shape[0] > self.capacity:  # both batches' rows might not fit together
+                return None
+            self._in_flight = 2
+            try:
+                return self.lookup(keys, tabs, insert=True)
+            finally:
+                self._in_flight = None
 
     def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
@@ -310,14 +326,14 @@ class TieredGroup(TableGroup):
         return self.fast.take(n)
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
-        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required)
+        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required, self._in_flight)
         if movable < required and not best_effort:
             pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - movable
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
-                + (" (or set store.lookup_ahead = false: then one batch's rows are pinned, not two)" if self.spec.in_flight > 1 else "")
+                + (" (or set store.lookup_ahead = false: then one batch's rows are pinned, not two)" if self.fast.in_flight > 1 else "")
             )
         self._write_back(slots)
 

@@ -101,8 +101,7 @@ class TrainPipeline:
         with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
             stream = self.store.wrap(loader)  # stage 3 of the tiers; the look-ahead after it: same order on every rank
             try:
-                pairs = with_next(stream) if self.ahead is not None or self.exchange else ((b, None) for b in stream)
-                for batch, nxt in pairs:
+                for batch, nxt in with_next(stream):  # the next batch is pulled before this one trains
                     t0 = time.perf_counter()
                     loss = self.step(batch, nxt)
                     yield Step(batch, loss, time.perf_counter() - t0)

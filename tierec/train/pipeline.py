@@ -12,7 +12,8 @@ For batch ``t`` the stages are:
    ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), and **bring
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
    with the evictions and write-backs it needs) on stage 2's thread during batch
-   ``t``'s step (one process, ``store.lookup_ahead``), except where the caller
+   ``t``'s step (one process, ``store.lookup_ahead``; the dense step then runs on
+   one torch thread fewer, leaving that lookup a core), except where the caller
    says the tables are used between the two steps (``run``'s ``quiet``: a
    checkpoint, an evaluation, the end); or send batch ``t + 1``'s ids to their
    owner ranks (several processes with ``dist.overlap``);
@@ -47,6 +48,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numba
+import torch
 import torch.nn.functional as F
 
 from tierec.batch import Batch, with_next
@@ -123,14 +126,22 @@ class TrainPipeline:
                 coll.prefetch(upcoming.sparse)
         prepared = self.ahead.take(local.sparse) if self.ahead is not None else None
         emb, wide = parts.embed(local, prepared)
+        threads, kernel_threads = torch.get_num_threads(), numba.get_num_threads()
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
-        logits = parts.dense(local, emb, wide)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
-        parts.optimizer.zero_grad(set_to_none=True)
-        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
-        (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
-        parts.optimizer.step()
+            if self.ahead.bring_up and threads > 1:  # a core for the lookup running beside the dense step
+                torch.set_num_threads(threads - 1)
+                numba.set_num_threads(max(kernel_threads - 1, 1))
+        try:
+            logits = parts.dense(local, emb, wide)
+            loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
+            parts.optimizer.zero_grad(set_to_none=True)
+            # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
+            (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
+            parts.optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
+            numba.set_num_threads(kernel_threads)
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from benchmarks.tiers_sim import belady, lru, next_uses
+from tierec.batch import with_next
 
 WHICH = ("hitrate", "disk", "oracle", "memory", "all")
 
@@ -53,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="disk: timed steps")
     p.add_argument("--warmup", type=int, default=20, help="disk: untimed steps first (the cache warms up)")
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
-    p.add_argument("--modes", default="memory,disk,disk+prefetch,disk+prefetch2", help="disk: runs to compare (disk+prefetchN: N batches ahead)")
+    p.add_argument("--modes", default="memory,disk,disk+prefetch4,disk+prefetch4+ahead",
+                   help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],
@@ -154,14 +155,24 @@ def _full_tables(w, dim: int, seed: int) -> dict[str, torch.Tensor]:
     return sd
 
 
+def _depth(mode: str) -> int:
+    """Batches per read-ahead window of a mode: "disk+prefetch4+ahead" -> 4, "disk+prefetch" -> 1."""
+    if "+prefetch" not in mode:
+        return 1
+    digits = mode.split("+prefetch")[1].split("+")[0]
+    return int(digits or 1)
+
+
 class _Runner:
     """One training setup (all in memory, or tiered with the disk tier) stepping through the batches."""
 
     def __init__(self, a: argparse.Namespace, mode: str, w, disk_dir: str) -> None:
         from tierec.config import load_config
+        from tierec.distributed.job import Job
         from tierec.store.monitor import StoreMonitor
         from tierec.store.pipeline import StorePipeline
         from tierec.train.components import Components
+        from tierec.train.pipeline import TrainPipeline
 
         self.mode = mode
         record = 4 * (a.dim + 1)
@@ -177,7 +188,8 @@ class _Runner:
                 f"store.io_threads={a.io_threads}",
                 f"store.cold_precision={a.cold_precision}",
                 f"store.prefetch={str('+prefetch' in mode).lower()}",  # the windows' memory comes out of the budget
-                f"store.prefetch_depth={int(mode.split('+prefetch')[1] or 1) if '+prefetch' in mode else 1}",
+                f"store.prefetch_depth={_depth(mode)}",
+                f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
                 *a.store_set,
             ]
         cfg = load_config(None, over)
@@ -187,9 +199,10 @@ class _Runner:
         for g in self.monitor.groups:
             if g.disk is not None:
                 g.disk.drop_page_cache(sync=True)  # the table file starts outside the page cache
-        # "disk+prefetch" reads windows of one batch ahead, "disk+prefetch4" of four, ...
-        depth = mode.split("+prefetch")[1] if "+prefetch" in mode else ""
-        self.pipe = StorePipeline([self.parts.embeddings], depth=int(depth or 1)) if "+prefetch" in mode else None
+        # "disk+prefetch" reads windows of one batch ahead, "disk+prefetch4" of four, ...; "+ahead" looks each
+        # next batch up during the step (the trainer's TrainPipeline.step, as in tierec train)
+        self.pipe = StorePipeline([self.parts.embeddings], depth=_depth(mode)) if "+prefetch" in mode else None
+        self.train = TrainPipeline(self.parts, Job(cfg), cfg, store=self.monitor)
         self.times: list[float] = []
         self.marks: list[tuple] = []
         self.rounds: list[tuple[float, float, float]] = []  # per timed chunk: wall s, process CPU s, load
@@ -211,13 +224,8 @@ class _Runner:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         stream = self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches)
         t_prev = time.perf_counter()
-        for batch in stream:
-            parts = self.parts
-            parts.train(True)
-            loss = F.binary_cross_entropy_with_logits(parts.forward(batch), batch.labels)
-            parts.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            parts.optimizer.step()
+        for batch, nxt in with_next(stream):
+            self.train.step(batch, nxt)
             now = time.perf_counter()
             if timed:
                 self.times.append(now - t_prev)
@@ -268,6 +276,7 @@ class _Runner:
         return res
 
     def close(self) -> None:
+        self.train.stop()
         for g in self.monitor.groups:
             g.close()
 

@@ -262,6 +262,10 @@ class StoreConfig:
     disk tier's read-ahead threads while the current window computes (tierec/store/pipeline.py;
     windows get shorter while their rows do not fit in their share of the budget); it changes no
     number.
+
+    ``lookup_ahead`` (one process): the next batch's lookup in the tiers (rows brought up from host and
+    disk, evictions and write-backs) runs on a pipeline thread while the current step computes
+    (tierec/train/pipeline.py, stage 3); it changes no number.
     """
 
     enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
@@ -287,6 +291,8 @@ class StoreConfig:
     prefetch: bool = True
     prefetch_depth: int = 4  # batches per read-ahead window at most (4 measured best at 4x; fewer where they do not fit)
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
+    # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
+    lookup_ahead: bool = True
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
     def __post_init__(self) -> None:

@@ -56,10 +56,10 @@ def test_span_passes_equal_the_whole_array_ones(tmp_path: Path, monkeypatch: pyt
         rows = away if where is None else away[d.loc[away] == where]
         f = d.freq[rows]
         for k in (1, 50, rows.size + 5):
-            hot = g._extreme(k, where, hottest=True)
+            hot = g.hotness._extreme(k, where, hottest=True)
             assert d.freq[hot].tolist() == f[hotness.highest(f, k)].tolist()  # same counts, hottest first
             assert set(hot.tolist()) <= set(rows.tolist())
-            cold = g._extreme(k, where, hottest=False)
+            cold = g.hotness._extreme(k, where, hottest=False)
             assert d.freq[cold].tolist() == np.sort(f[hotness.lowest(f, k)]).tolist()
     q = d.fq[: d.high].copy()
     d.decay(0.5)

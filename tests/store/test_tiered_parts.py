@@ -98,3 +98,33 @@ def test_count_min_sketch_never_undercounts() -> None:
         truth[int(k)] = truth.get(int(k), 0) + 1
         est = s.add(np.array([k]), np.zeros(1, dtype=np.int32))[0]
         assert est >= truth[int(k)]
+
+
+def test_tiered_group_is_composed_and_freed_without_the_cycle_collector(tmp_path) -> None:
+    """The hotness pass and the records are parts, not bases; they reach the group only through its TierMoves,
+    which hold it weakly, so dropping the group frees it (and its fast tier) at once."""
+    import gc
+    import weakref
+
+    from tierec.embedding.group import TableGroup
+    from tierec.embedding.table import TableConfig
+    from tierec.store.group import TieredGroup
+    from tierec.store.spec import TierSpec
+
+    assert TieredGroup.__bases__ == (TableGroup,)
+    spec = TierSpec(cache_bytes=4 * 20, host_bytes=4 * 20 * 2, disk_dir=str(tmp_path), interval=2, promote_max=4)
+    g = TieredGroup([TableConfig(name="t", dim=4, features=["f"])], spec)
+    for batch in ([1, 2, 3], [4, 5], [1, 6], [7, 8], [2, 9]):
+        g.lookup(np.array(batch, dtype=np.int64), np.zeros(len(batch), dtype=np.int32), insert=True)
+    g.maintain()
+    g.place_by_hotness()
+    sd = g.table_state(0)
+    assert sd["ids"].numel() == g.num_rows == 9 and int(sd["store.clock"][0]) == 5
+    g.close()
+    gc.disable()
+    try:
+        group, fast = weakref.ref(g), weakref.ref(g.fast)
+        del g
+        assert group() is None and fast() is None
+    finally:
+        gc.enable()

@@ -130,7 +130,7 @@ def test_a_loaded_checkpoint_puts_its_hottest_rows_in_the_host_tier(tmp_path: Pa
     from tierec.train.components import Components
     from tierec.train.state import restore_checkpoint
 
-    over = SMALL + ["store.enabled=true", "store.cache_size=32KiB", "store.host_size=12KiB",
+    over = SMALL + ["store.enabled=true", "store.cache_size=48KiB", "store.host_size=12KiB",
                     f"store.disk_path={tmp_path / 'disk'}", "store.decay=1.0"]
     Trainer(load_config(None, over), tmp_path / "run").fit()
     cfg = load_config(None, over + [f"store.disk_path={tmp_path / 'disk2'}"])

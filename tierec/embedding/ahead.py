@@ -1,4 +1,5 @@
-"""The next batch's dedupe and index probe, on a thread of its own while this step trains.
+"""The next batch's dedupe and index probe (or, in the tiers, its whole lookup) on a thread of its own
+while this step trains.
 
 ScaleFreeCTR overlaps a batch's id work with the previous batch's compute.
 :meth:`EmbeddingCollection.prepare <tierec.embedding.collection.EmbeddingCollection.prepare>`
@@ -10,6 +11,13 @@ background thread with its own numba thread budget, submitted once batch
 forward, which inserts the ids still missing in the same order as without
 it. So the rows, the values and the training are exactly those of the
 sequential path (tests/embedding/test_ahead.py).
+
+With ``bring_up`` the tiered groups do the next batch's training lookup there
+(:meth:`~tierec.store.group.TieredGroup.lookup_ahead`: rows brought up from
+host and disk, evictions, write-backs), which changes the tables: the batch
+submitted must be the next one trained (``take`` refuses any other), and the
+caller submits only when nothing else will use the tables before it (a
+checkpoint, an evaluation).
 
 >>> import torch
 >>> from tierec.batch import SparseFeatures
@@ -77,9 +85,10 @@ class LookAhead:
     :class:`Ahead`, or None when nothing was submitted for that batch).
     """
 
-    def __init__(self, collection: Any, threads: int = 1) -> None:
+    def __init__(self, collection: Any, threads: int = 1, *, probe: bool = True, bring_up: bool = False) -> None:
         self.collection = collection
         self.threads = max(1, threads)
+        self.probe, self.bring_up = probe, bring_up  # see EmbeddingCollection.prepare
         self._dedupe = Deduper()  # this thread's scratch: the collection's own is the main thread's
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierec-ahead")
         self._pending: tuple[Any, Future] | None = None
@@ -87,7 +96,7 @@ class LookAhead:
     def _prepare(self, sparse: Any) -> Ahead:
         numba.set_num_threads(self.threads)  # per thread in numba: the main thread keeps its own
         with torch.no_grad():
-            return self.collection.prepare(sparse, self._dedupe)
+            return self.collection.prepare(sparse, self._dedupe, probe=self.probe, bring_up=self.bring_up)
 
     def submit(self, sparse: Any) -> None:
         self.take(None)  # one in flight at most
@@ -99,7 +108,16 @@ class LookAhead:
         submitted, fut = self._pending
         self._pending = None
         result = fut.result()  # always wait: nothing may probe while the table changes
-        return result if submitted is sparse else None
+        if submitted is sparse:
+            return result
+        if self.bring_up and sparse is not None:
+            raise RuntimeError("a batch was looked up ahead in the tiers but another one came next")
+        return None
+
+    @property
+    def pending(self) -> bool:
+        """A batch was submitted and not taken yet (with ``bring_up``: the tables have moved on to it)."""
+        return self._pending is not None
 
     def close(self) -> None:
         self.take(None)

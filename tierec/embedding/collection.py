@@ -114,14 +114,18 @@ class EmbeddingCollection(nn.Module):
                 out[self.feature_names[f]] = pooled[:, i]
         return out
 
-    def prepare(self, sparse: SparseFeatures, dedupe: Deduper | None = None) -> Ahead:
+    def prepare(self, sparse: SparseFeatures, dedupe: Deduper | None = None, *, probe: bool = True,
+                bring_up: bool = False) -> Ahead:
         """Steps 1 and 2 of :meth:`forward` for a batch, ahead of it: the dedupe, and the rows of
-        the ids already in the tables (a read-only probe, where the storage offers ``find_rows``).
+        the ids already in the tables (``probe``: a read-only probe, where the storage offers ``find_rows``).
 
         Changes no table, so it may run on another thread while a step trains (ScaleFreeCTR's
         pipeline; the trainer's look-ahead, :class:`tierec.embedding.ahead.LookAhead`). Ids still
         missing are inserted by ``forward``, in the same order, so the rows are the same.
         ``dedupe``: scratch space of the calling thread (two threads must not share one).
+
+        ``bring_up``: storages that offer ``lookup_ahead`` (the tiers) do this batch's training
+        lookup now, during the previous batch's step, so the batch must then be trained next.
         """
         given = sparse
         if sparse.keys != self.feature_names:
@@ -132,9 +136,18 @@ class EmbeddingCollection(nn.Module):
             keys, tabs, off = self._ids(plan, sparse)
             split = self._split(plan, off, sparse.batch_size)
             ukeys, utabs, inverse = dd(keys, tabs, None if split is None else off[split * sparse.batch_size])
-            find = getattr(plan.group, "find_rows", None)  # optional: storages with a read-only probe
-            parts.append(Prepared(ukeys, utabs, inverse, off, None if find is None else find(ukeys, utabs)))
+            parts.append(Prepared(ukeys, utabs, inverse, off, self._rows_ahead(plan.group, ukeys, utabs, probe, bring_up)))
         return Ahead(given, parts)
+
+    @staticmethod
+    def _rows_ahead(group, keys: np.ndarray, tabs: np.ndarray, probe: bool, bring_up: bool) -> np.ndarray | None:
+        """Rows [U] of unique pairs known ahead of the forward (-1: not yet), or None."""
+        lookup = getattr(group, "lookup_ahead", None) if bring_up else None  # optional: the tiers
+        if lookup is not None:
+            rows = lookup(keys, tabs)
+            return None if rows is None else rows.numpy()
+        find = getattr(group, "find_rows", None) if probe else None  # optional: storages with a read-only probe
+        return None if find is None else find(keys, tabs)
 
     @staticmethod
     def _ids(plan: GroupPlan, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

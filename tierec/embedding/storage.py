@@ -35,7 +35,11 @@ checkpoints) uses only these methods:
   ``tier_stores``: the tiered stores behind it, for the store's monitor).
 
 Optional capabilities are separate small protocols, reached by asking the
-storage (``prefetcher()``, ``pruning()``), never by testing its class.
+storage (``prefetcher()``, ``pruning()``), never by testing its class; two
+optional methods serve the training pipeline's look-ahead where a storage has
+them (``getattr(storage, name, None)``): ``find_rows(keys, tabs)``, a read-only
+probe of the next batch (plain groups), and ``lookup_ahead(keys, tabs)``, the
+next batch's whole lookup during the current step (the tiers).
 
 >>> from tierec.embedding.group import TableGroup
 >>> from tierec.embedding.storage import RowStorage

@@ -61,7 +61,7 @@ class RowCodec(Protocol):
     precision: ColdPrecision
     width: int  # float32 per decoded record (W)
     words: int  # 4-byte words per encoded record
-    lossy: bool  # whether a record changes on the way through (then placement matters: see TierState)
+    lossy: bool  # whether a record changes on the way through (then placement matters: see TierRecords, state.py)
 
     def encode(self, records: np.ndarray, keys: np.ndarray, tabs: np.ndarray, step: int) -> np.ndarray: ...
 

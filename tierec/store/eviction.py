@@ -29,11 +29,13 @@ class Eviction:
     def __init__(self, policy: CachePolicy) -> None:
         self.lfu = policy is CachePolicy.LFU
 
-    def choose(self, fast: FastTier, index: Directory, clock: int, wanted: int, required: int = 0) -> tuple[np.ndarray, int]:
+    def choose(self, fast: FastTier, index: Directory, clock: int, wanted: int, required: int = 0,
+               in_flight: int | None = None) -> tuple[np.ndarray, int]:
         """(up to ``wanted`` slots to empty, lowest scores first among those that may; how many may leave):
-        rows kept for the read-ahead window may too when fewer than ``required`` others can."""
+        rows kept for the read-ahead window may too when fewer than ``required`` others can. ``in_flight``:
+        the lookups whose rows stay pinned, when not the fast tier's own rule."""
         score = index.resident_scores(self.lfu)
-        slots, scores = fast.evictable(clock, score)
+        slots, scores = fast.evictable(clock, score, in_flight=in_flight)
         if slots.size < required:
-            slots, scores = fast.evictable(clock, score, soft=True)
+            slots, scores = fast.evictable(clock, score, soft=True, in_flight=in_flight)
         return slots[hotness.lowest(scores, min(wanted, slots.size))], int(slots.size)

@@ -62,8 +62,9 @@ def state_widths(optimizer, dim: int) -> dict[str, int]:
 
 
 class FastTier:
-    def __init__(self, capacity: int, dim: int, optimizer, device: torch.device | str) -> None:
+    def __init__(self, capacity: int, dim: int, optimizer, device: torch.device | str, in_flight: int = 1) -> None:
         self.capacity = capacity
+        self.in_flight = in_flight  # a slot used by lookup c stays pinned until lookup c + in_flight starts
         self.dim = dim
         self.device = torch.device(device)
         self.state_widths = state_widths(optimizer, dim)
@@ -111,9 +112,14 @@ class FastTier:
         self.free_slots[: stack.size] = stack
         self.n_free = stack.size
 
-    def evictable(self, clock: int, score: np.ndarray, soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, scores) of occupied slots that may leave now (hotness.evictable)."""
-        return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft)
+    def evictable(self, clock: int, score: np.ndarray, soft: bool = False, in_flight: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, scores) of occupied slots that may leave at lookup ``clock`` (hotness.evictable).
+
+        The rows of the last ``in_flight`` lookups stay (this tier's own rule unless given). With 2, the
+        batch whose step is computing and the next one, whose lookup the training pipeline may run during
+        that step (tierec/train/pipeline.py, stage 3)."""
+        keep = self.in_flight if in_flight is None else in_flight
+        return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft, in_flight=keep)
 
     def occupied(self) -> np.ndarray:  # lids of the rows in the fast tier
         return self.slot_lid[self.slot_lid >= 0]

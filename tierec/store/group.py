@@ -6,9 +6,13 @@ a :class:`~tierec.store.fast_tier.FastTier` (the cached rows and their slots), a
 below it, a :class:`~tierec.store.codec.RowCodec` for their records, and two
 policies: :class:`~tierec.store.admission.Admission` (which new ids get a row)
 and :class:`~tierec.store.eviction.Eviction` (which rows leave the fast tier);
-this class moves rows between them. The periodic hotness pass
-(tierec/store/policies.py) and the checkpoint records (tierec/store/state.py)
-work on the same parts.
+this class moves rows between them. Two more parts work on the same
+tiers: the periodic hotness pass (:class:`~tierec.store.policies.HotnessPass`)
+and the checkpoint records (:class:`~tierec.store.state.TierRecords`). The
+group builds both in its constructor, gives each the parts it works on and the
+few row moves it needs (a :class:`~tierec.store.moves.TierMoves`), and its
+public methods (``maintain``, ``records``, ``write_records``, ...) delegate to
+them under its lock.
 
 The fast tier is a cache of ``capacity`` slots (GPU memory when the group's
 device is a GPU, else a compact DRAM cache); the engine's kernels read and
@@ -23,9 +27,13 @@ Host and disk hold rows as ``store.cold_precision`` says (a
 encoded when it leaves the fast tier and decoded when it comes back.
 
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
-evicted until a later lookup starts (the batch's update is done by then). So
-one batch is in flight at a time, every row has a single resident copy, and
-the update always lands on it: training is bitwise the same under any layout.
+evicted until lookup ``c + 1`` starts (the batch's update is done by then), or
+``c + 2`` in a lookup that runs during the previous batch's step
+(:meth:`TieredGroup.lookup_ahead`, ``store.lookup_ahead``). With a lossy cold
+codec, where the numbers depend on which rows move, every lookup keeps the
+``c + 2`` rule when the key is on, so looking ahead or not moves the same rows.
+Every row has a single resident copy and the update always lands on it:
+training is bitwise the same under any layout.
 
 Reading ahead (:meth:`TieredGroup.stage`): the pipeline names the rows of
 upcoming batches; those that live only on disk are read on the disk tier's
@@ -69,10 +77,12 @@ from tierec.store.disk import DiskTier
 from tierec.store.eviction import Eviction
 from tierec.store.fast_tier import ZERO_SLOT, FastTier, state_widths
 from tierec.store.host import HostTier
-from tierec.store.policies import Policies
+from tierec.store.moves import TierMoves, weakly
+from tierec.store.policies import HotnessPass
 from tierec.store.staging import Staging
-from tierec.store.state import TierState
+from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
+from tierec.config import ColdPrecision
 from tierec.store.spec import Counter, TierSpec
 
 class CacheCapacityError(RuntimeError):
@@ -83,7 +93,7 @@ class StoreFullError(RuntimeError):
     """Rows must leave the fast tier but no slower tier has room."""
 
 
-class TieredGroup(Policies, TierState, TableGroup):
+class TieredGroup(TableGroup):
     def __init__(
         self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
     ) -> None:
@@ -95,10 +105,14 @@ class TieredGroup(Policies, TierState, TableGroup):
             raise CacheCapacityError(
                 f"the fast tier of {format_size(spec.cache_bytes)} ({spec.cache_key}) holds no row of {4 * self.record_width} bytes"
             )
-        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device)
+        # rows of the last in_flight lookups stay pinned: with a lossy cold codec the same rule in every lookup,
+        # so a lookup run ahead moves the rows the sequential one would (the numbers depend on them); else 1,
+        # and 2 only in a lookup run ahead (lookup_ahead), where the batch before it is still computing
+        lossy = spec.cold_precision is not ColdPrecision.FP32
+        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight if lossy else 1)
+        self._in_flight: int | None = None  # the rule of the lookup running now, when not the fast tier's
         self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
-        self._saved_free: np.ndarray | None = None  # free-slot stack of a checkpoint being loaded (TierState)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
         self.codec = row_codec(spec.cold_precision, self.dim, list(self.fast.state_widths.values()), seed)
         host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.codec.words)
@@ -120,12 +134,26 @@ class TieredGroup(Policies, TierState, TableGroup):
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
+        self._last_rows = 0  # unique rows of the last lookup (pinned while the next one runs ahead)
         self._lock = threading.RLock()
         self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
-        self._cold_host: np.ndarray | None = None  # host rows ranked coldest first (Policies._demote_colder)
-        self._cold_pos = 0
         # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
         self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
+        # The row moves the hotness pass and the checkpoint records use (held weakly: no reference cycle).
+        moves = TierMoves(
+            take_slots=weakly(self._take_slots),
+            bring_up=weakly(self._bring_up),
+            free_rows=weakly(self.free_rows),
+            read_rows=weakly(self.read_rows),
+            store_away=weakly(self._store_away),
+            count=weakly(self._count),
+            note=weakly(self._note),
+            note_deleted=weakly(self._note_deleted),
+        )
+        self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves)
+        self.tier_records = TierRecords(
+            self.index, self.fast, self.codec, self.host, self.disk, self.admission, self.counters, moves
+        )
 
     # ------------------------------------------------------------ lookups
 
@@ -171,7 +199,25 @@ class TieredGroup(Policies, TierState, TableGroup):
             d.count_use(rows[pos], self.train_steps)
             self.fast.dirty[rows[pos]] = True  # the backward updates them
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
+        self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
+
+    def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor | None:
+        """The training lookup of the batch after the one whose step is computing, run during that step (the
+        training pipeline's stage 3), or None when it has to wait for the step: a hotness pass is due at
+        it (the pass may delete rows, the computing batch's among them). Safe beside the step: the
+        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None, as it does when the
+        two batches' rows might not fit in the fast tier together) and the step writes only them; the rows and numbers are those of :meth:`lookup` after the step."""
+        with self._lock:
+            if self.spec.in_flight < 2 or (self.train_steps + 1) % self.spec.interval == 0:
+                return None
+            if self._last_rows + keys.shape[0] > self.capacity:  # both batches' rows might not fit together
+                return None
+            self._in_flight = 2
+            try:
+                return self.lookup(keys, tabs, insert=True)
+            finally:
+                self._in_flight = None
 
     def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
@@ -280,13 +326,14 @@ class TieredGroup(Policies, TierState, TableGroup):
         return self.fast.take(n)
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
-        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required)
+        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required, self._in_flight)
         if movable < required and not best_effort:
             pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - movable
             raise CacheCapacityError(
                 f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
+                + (" (or set store.lookup_ahead = false: then one batch's rows are pinned, not two)" if self.fast.in_flight > 1 else "")
             )
         self._write_back(slots)
 
@@ -319,7 +366,7 @@ class TieredGroup(Policies, TierState, TableGroup):
         n_host = 0
         if self.host is not None:
             if self.disk is not None and self.host.free_rows is not None and self.host.free_rows < lids.size:
-                self._demote_colder(freq, lids.size - self.host.free_rows)
+                self.hotness.demote_colder(freq, lids.size - self.host.free_rows)
             free = self.host.free_rows
             n_host = lids.size if free is None else min(free, lids.size)
             if n_host < lids.size:  # hottest rows to host
@@ -424,8 +471,9 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.index.delete(lids)
 
     def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
-        return self.index.keys[lids], self.index.tabs[lids]
+        with self._lock:  # a lookup ahead (another thread) may be growing the directory
+            lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
+            return self.index.keys[lids], self.index.tabs[lids]
 
     def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         with self._lock:
@@ -466,6 +514,57 @@ class TieredGroup(Policies, TierState, TableGroup):
             self.host.free(d.home[lids[loc == LOC_HOST]])
         if self.disk is not None:
             self.disk.free(d.home[lids[loc == LOC_DISK]])
+
+    # ------------------------------------------------ hotness pass (policies.py)
+
+    def maintain(self) -> None:
+        """The hotness pass (tierec/store/policies.py); a training lookup runs it every ``spec.interval`` steps."""
+        self.hotness.maintain(self.clock, self.train_steps)
+
+    def delete_rows(self, lids: np.ndarray, counter: Counter) -> None:
+        """Forget rows ``lids`` in every tier, counted under ``counter``."""
+        self.hotness.delete_rows(lids, counter)
+
+    def place_by_hotness(self) -> None:
+        """After a checkpoint's rows were loaded: the hottest rows away from the fast tier to host, the rest to
+        disk (:meth:`HotnessPass.place_by_hotness`)."""
+        with self._lock:
+            self.hotness.place_by_hotness()
+
+    # ------------------------------------------- checkpoint records (state.py)
+
+    def row_extent(self) -> int:
+        return self.tier_records.row_extent()
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        return self.tier_records.rows_of(t, lo, hi)
+
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]:
+        """Records of rows (lids) ``rows`` from whichever tier holds them, with ``store.freq`` / ``store.last``."""
+        with self._lock:
+            return self.tier_records.records(t, rows)
+
+    def table_meta(self, t: int) -> dict[str, Tensor]:
+        with self._lock:
+            return self.tier_records.table_meta(t, Clocks(self.clock, self.train_steps, self.max_batch_rows))
+
+    def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None:
+        with self._lock:
+            clocks = self.tier_records.load_table_meta(t, sd)
+            if clocks is not None:
+                self.clock, self.train_steps, self.max_batch_rows = clocks
+
+    def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert or overwrite rows; they go to host, then disk (the fast tier warms up again), or with
+        ``store.slot`` back into their fast-tier slots (tierec/store/state.py)."""
+        with self._lock:
+            self.tier_records.write_records(t, sd, self.train_steps)
+
+    def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
+        """Overwrite (or insert) rows of (table, id) pairs with ``records`` [n, W]; known rows keep their
+        access statistics (a move between ranks, e.g. a hot row handed back to its owner)."""
+        with self._lock:
+            self.tier_records.put_records(keys, tabs, records, self.train_steps)
 
     # ---------------------------------------------------------- reports
 

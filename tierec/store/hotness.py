@@ -89,10 +89,10 @@ def coin(keys, tabs, seed, step, out):
 
 
 @nb.njit(cache=True, nogil=True)
-def _evictable(slot_lid, pin, keep, clock, score_of_slot, soft, out_slots, out_scores):
+def _evictable(slot_lid, pin, keep, clock, pinned_from, score_of_slot, soft, out_slots, out_scores):
     n = 0
     for s in range(1, slot_lid.shape[0]):  # slot 0 holds the shared zero row
-        if slot_lid[s] < 0 or pin[s] >= clock:
+        if slot_lid[s] < 0 or pin[s] >= pinned_from:
             continue
         if keep[s] >= clock and not soft:
             continue
@@ -103,15 +103,16 @@ def _evictable(slot_lid, pin, keep, clock, score_of_slot, soft, out_slots, out_s
 
 
 def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, keep: np.ndarray,
-              soft: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(slots, scores) of occupied slots not pinned by the batch in flight, nor kept for a later batch of the
-    read-ahead window (``keep`` [C+1]: the lookup they are kept until) unless ``soft``.
+              soft: bool = False, in_flight: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, scores) of occupied slots not pinned by the ``in_flight`` latest lookups (``pin`` [C+1]: the
+    lookup that last used each; ``clock``: the lookup now), nor kept for a later batch of the read-ahead
+    window (``keep`` [C+1]: the lookup they are kept until) unless ``soft``.
 
     ``score`` [C+1] is per fast-tier slot (the directory keeps resident rows' counts by slot).
     """
     slots = np.empty(slot_lid.shape[0], dtype=np.int64)
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
-    n = _evictable(slot_lid, pin, keep, np.int64(clock), score, soft, slots, scores)
+    n = _evictable(slot_lid, pin, keep, np.int64(clock), np.int64(clock - in_flight + 1), score, soft, slots, scores)
     return slots[:n], scores[:n]
 
 

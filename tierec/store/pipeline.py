@@ -6,7 +6,8 @@ per tiered group and handed to the group's
 :meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
-computes. A window is dropped once its last batch has been looked up. The stage has no thread of
+computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one
+batch pulled ahead of the one it trains). The stage has no thread of
 its own: it runs on the caller's thread between steps, and the reads wait on
 the device beside the compute. The windows' records have a share of the
 memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
@@ -47,6 +48,9 @@ import numpy as np
 from tierec.embedding.hash_index import Deduper
 
 LEAD = 1  # a window's reads start this many batches before its first one (see the module docstring)
+# A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
+# next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
+HELD = 1
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ class StorePipeline:
         t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
             while True:
-                while windows and windows[0][0] <= t:  # its batches are all looked up
+                while windows and windows[0][0] + HELD <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
                 while t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
                     pull(start - t + self.window)

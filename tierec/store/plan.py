@@ -172,6 +172,7 @@ class StorePlan:
             cache_key=f"{where}.cache_size" + ("" if given_cache else f" (a quarter of {where}.memory_budget unless set)"),
             cold_precision=cfg.cold_precision,
             stage_bytes=None if stage is None else int(stage * share),
+            in_flight=2 if cfg.lookup_ahead else 1,
         )
 
 

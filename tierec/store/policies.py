@@ -1,4 +1,4 @@
-"""The periodic hotness pass of a TieredGroup (a mixin over the group state it declares; set in group.py).
+"""HotnessPass: the periodic hotness pass of a TieredGroup, and the host tier's demotions.
 
 Every ``interval`` training steps, at the start of a training lookup (so no
 batch is in flight and the result depends only on the access history, never on
@@ -15,50 +15,49 @@ which rows happened to be resident or prefetched):
 
 Deleting a row really frees it: its fast-tier slot, its host or disk slot and
 its directory entry; if the id comes back it starts afresh.
+
+The pass is given the group's parts it works on (directory, fast tier, host,
+disk, spec) and the few row moves it needs (a :class:`~tierec.store.moves.TierMoves`);
+the group's clocks come with each call. The caller holds the group's lock.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from tierec.store import hotness
-from tierec.store.directory import LOC_DISK, LOC_HOST
+from tierec.store.directory import LOC_DISK, LOC_HOST, Directory
+from tierec.store.disk import DiskTier
+from tierec.store.fast_tier import FastTier
+from tierec.store.host import HostTier
+from tierec.store.moves import TierMoves
 from tierec.sizes import release_free_memory
-from tierec.store.spec import CachePolicy, Counter
-
-if TYPE_CHECKING:
-    from tierec.store.directory import Directory
-    from tierec.store.disk import DiskTier
-    from tierec.store.fast_tier import FastTier
-    from tierec.store.host import HostTier
-    from tierec.store.spec import TierSpec
+from tierec.store.spec import CachePolicy, Counter, TierSpec
 
 
-class Policies:
-    """The hotness pass and the host tier's demotions of a TieredGroup. It works on the group's state, declared
-    here (set by ``TieredGroup.__init__``), and moves rows with the group's ``_take_slots``, ``_bring_up``,
-    ``free_rows`` and ``_count``."""
+class HotnessPass:
+    """The hotness pass and the host tier's demotions over a tiered group's directory and tiers; rows move
+    through ``moves`` (take_slots, bring_up, free_rows, count, note_deleted)."""
 
-    index: Directory
-    spec: TierSpec
-    host: HostTier | None
-    disk: DiskTier | None
-    fast: FastTier
-    clock: int  # lookups so far
-    train_steps: int  # training lookups so far
-    _cold_host: np.ndarray | None  # host rows ranked coldest first, since the last pass
-    _cold_pos: int  # how many of them went to disk
-    _lock: threading.RLock
+    def __init__(
+        self, index: Directory, spec: TierSpec, fast: FastTier, host: HostTier | None, disk: DiskTier | None, moves: TierMoves
+    ) -> None:
+        self.index = index
+        self.spec = spec
+        self.fast = fast
+        self.host = host
+        self.disk = disk
+        self.moves = moves
+        self._cold_host: np.ndarray | None = None  # host rows ranked coldest first, since the last pass
+        self._cold_pos = 0  # how many of them went to disk
 
-    def maintain(self) -> None:
+    def maintain(self, clock: int, train_steps: int) -> None:
+        """The pass, at lookup number ``clock`` (``train_steps`` of them training)."""
         d, spec = self.index, self.spec
         if spec.decay < 1.0:
             d.decay(spec.decay)
         if spec.ttl_steps:
-            old = [lids[self.train_steps - d.last[lids] > spec.ttl_steps] for lids in d.live_spans()]
+            old = [lids[train_steps - d.last[lids] > spec.ttl_steps] for lids in d.live_spans()]
             self.delete_rows(np.concatenate(old) if old else np.empty(0, dtype=np.int64), Counter.DELETED_TTL)
         if spec.max_rows and d.num_rows > spec.max_rows:
             live = d.live()
@@ -66,7 +65,7 @@ class Policies:
             self.delete_rows(live[order[: d.num_rows - spec.max_rows]], Counter.DELETED_LFU)
         if spec.promote_max:
             if spec.cache_policy is CachePolicy.LFU:
-                self._promote_to_cache(spec.promote_max)
+                self._promote_to_cache(spec.promote_max, clock)
             self._rebalance_host_disk(spec.promote_max)
         if self.disk is not None:
             lids, slots = self.disk.compact()
@@ -77,7 +76,7 @@ class Policies:
 
     # -------------------------------------------------- host rows making room
 
-    def _demote_colder(self, incoming: np.ndarray, need: int) -> None:
+    def demote_colder(self, incoming: np.ndarray, need: int) -> None:
         """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts) by
         moving host rows that are colder than they are to disk, the coldest first. Without it a host tier
         filled once (by a load, or early in a run) keeps rows that are never used again while hotter rows go
@@ -97,8 +96,8 @@ class Policies:
         d.home[down] = self.disk.append(down, recs)
         d.loc[down] = LOC_DISK
         self._cold_pos += n
-        self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
-        self._count(Counter.DEMOTED, d.tabs[down])
+        self.moves.count(Counter.DISK_WRITE_ROWS, d.tabs[down])
+        self.moves.count(Counter.DEMOTED, d.tabs[down])
 
     def _cold_candidates(self, need: int) -> np.ndarray:
         """Up to ``need`` rows still homed on host away from the fast tier, coldest first, from a ranking of
@@ -119,9 +118,9 @@ class Policies:
     def delete_rows(self, lids: np.ndarray, counter: Counter) -> None:
         if lids.size == 0:
             return
-        self._count(counter, self.index.tabs[lids])
-        self._note_deleted(self.index.keys[lids], self.index.tabs[lids])
-        self.free_rows(lids)
+        self.moves.count(counter, self.index.tabs[lids])
+        self.moves.note_deleted(self.index.keys[lids], self.index.tabs[lids])
+        self.moves.free_rows(lids)
         self.index.delete(lids)
 
     def _away(self, loc: int | None = None):
@@ -146,7 +145,7 @@ class Policies:
             best = best[np.argsort(freq[best], kind="stable")]
         return lids[best]
 
-    def _promote_to_cache(self, most: int) -> None:
+    def _promote_to_cache(self, most: int, clock: int) -> None:
         d = self.index
         hot = self._extreme(most, None, hottest=True)
         if hot.size == 0:
@@ -154,17 +153,17 @@ class Policies:
         n = min(self.fast.n_free, hot.size)
         rest = hot[n:]
         if rest.size:
-            _, scores = self.fast.evictable(self.clock, d.resident_scores(True))
+            _, scores = self.fast.evictable(clock, d.resident_scores(True))
             cold = np.sort(scores[hotness.lowest(scores, rest.size)])
             k = min(rest.size, cold.size)
             n += int(np.count_nonzero(d.freq[rest[:k]] > cold[:k]))  # both sorted: a prefix
         if n == 0:
             return
-        slots = self._take_slots(n, best_effort=True)
+        slots = self.moves.take_slots(n, True)  # best effort
         up = hot[: slots.size]
         _, _, loc, home = d.where(up)
-        self._bring_up(up, slots, loc, home)
-        self._count(Counter.PROMOTED, d.tabs[up])
+        self.moves.bring_up(up, slots, loc, home)
+        self.moves.count(Counter.PROMOTED, d.tabs[up])
 
     def place_by_hotness(self) -> None:
         """After a checkpoint's rows were loaded (host first, then disk, in the order they came): the host tier
@@ -173,8 +172,7 @@ class Policies:
         run's counters stay as loaded)."""
         if self.host is None or self.disk is None or self.host.max_rows is None:
             return
-        with self._lock:
-            self._rebalance_host_disk(self.host.max_rows, count=False)
+        self._rebalance_host_disk(self.host.max_rows, count=False)
 
     def _rebalance_host_disk(self, most: int, count: bool = True) -> None:
         if self.host is None or self.disk is None:
@@ -198,7 +196,7 @@ class Policies:
                 d.home[down] = self.disk.append(down, recs)
                 d.loc[down] = LOC_DISK
                 if count:
-                    self._count(Counter.DISK_WRITE_ROWS, d.tabs[down])
+                    self.moves.count(Counter.DISK_WRITE_ROWS, d.tabs[down])
         up = hot[: fill + n_swap]
         if up.size == 0:
             return
@@ -210,5 +208,5 @@ class Policies:
         d.home[up] = hs
         d.loc[up] = LOC_HOST
         if count:
-            self._count(Counter.DISK_READ_ROWS, d.tabs[up])
-            self._count(Counter.PROMOTED, d.tabs[up])
+            self.moves.count(Counter.DISK_READ_ROWS, d.tabs[up])
+            self.moves.count(Counter.PROMOTED, d.tabs[up])

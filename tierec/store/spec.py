@@ -66,6 +66,7 @@ class TierSpec:
     cache_key: str = "store.cache_size"  # the setting cache_bytes comes from, as messages name it
     cold_precision: ColdPrecision = ColdPrecision.FP32  # rows in host and disk: fp32 | bf16 | int8 (store/codec.py)
     stage_bytes: int | None = None  # records read ahead (TieredGroup.stage) held at once; None = unbounded
+    in_flight: int = 1  # lookups whose rows stay pinned; 2 lets the next batch's lookup run during a step
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))
@@ -85,6 +86,8 @@ class TierSpec:
                 raise ConfigError(f"store.{k} must be >= 0")
         if self.sketch_width & (self.sketch_width - 1) or self.sketch_width < 16:
             raise ConfigError("store.sketch_width must be a power of two >= 16")
+        if self.in_flight not in (1, 2):
+            raise ConfigError("a tiered store keeps the rows of 1 or 2 lookups pinned")
         if self.sketch_depth < 1 or self.io_threads < 1 or self.disk_segment_rows < 1:
             raise ConfigError("store.sketch_depth, io_threads and disk_segment_rows must be >= 1")
 

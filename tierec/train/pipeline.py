@@ -9,8 +9,14 @@ For batch ``t`` the stages are:
    embedding forward has inserted its ids (:class:`~tierec.embedding.ahead.LookAhead`);
 3. **read ahead** the disk rows of the next window of ``k = store.prefetch_depth``
    batches on the disk tier's read-ahead threads (tiered storage with
-   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), or send
-   batch ``t + 1``'s ids to their owner ranks (several processes with ``dist.overlap``);
+   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), and **bring
+   up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
+   with the evictions and write-backs it needs) on stage 2's thread during batch
+   ``t``'s step (one process, ``store.lookup_ahead``; the dense step then runs on
+   one torch thread fewer, leaving that lookup a core), except where the caller
+   says the tables are used between the two steps (``run``'s ``quiet``: a
+   checkpoint, an evaluation, the end); or send batch ``t + 1``'s ids to their
+   owner ranks (several processes with ``dist.overlap``);
 4. **forward, backward and fused update** of batch ``t`` on the caller's thread
    (:meth:`TrainPipeline.step`);
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
@@ -38,10 +44,12 @@ epoch; benchmarks call :meth:`step` on batches they hold.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numba
+import torch
 import torch.nn.functional as F
 
 from tierec.batch import Batch, with_next
@@ -72,24 +80,31 @@ class TrainPipeline:
         self.job = job
         self.cfg = cfg
         self.store = store if store is not None else StoreMonitor.for_components(parts, cfg.store)
-        # stage 2: plain storage only (the tiers' stage 3 pins rows as it brings them up; the sharded
-        # collection's stage 3 sends the ids, which the probe would race)
-        plain = not job.distributed and not cfg.store.enabled
-        self.ahead = LookAhead(parts.embeddings) if cfg.train.look_ahead and plain else None
+        # stage 2: plain storage only (the sharded collection's stage 3 sends the ids, which the probe would
+        # race); stage 3 in the tiers of one process: the next batch's lookup, on the same thread
+        probe = cfg.train.look_ahead and not job.distributed and not cfg.store.enabled
+        bring_up = cfg.store.lookup_ahead and not job.distributed and any(
+            getattr(g, "lookup_ahead", None) is not None for g in parts.embeddings.groups
+        )
+        self.ahead = LookAhead(parts.embeddings, probe=probe, bring_up=bring_up) if probe or bring_up else None
+        self._quiet: Callable[[], bool] | None = None  # run()'s: may the tables move on to the next batch now?
         # stage 3 on several processes: the next batch's ids go out while this batch computes
         self.exchange = sharded_collections(parts) if job.distributed and cfg.dist.overlap else []
         self._next: tuple[Batch, Batch] | None = None  # (global, this rank's slice) whose ids were sent ahead
 
     # ------------------------------------------------------------ the stream
 
-    def run(self, source: Iterable[Batch]) -> Iterator[Step]:
-        """One pass over ``source``: each batch trained, in order (stages 1-5)."""
+    def run(self, source: Iterable[Batch], quiet: Callable[[], bool] | None = None) -> Iterator[Step]:
+        """One pass over ``source``: each batch trained, in order (stages 1-5).
+
+        ``quiet``: asked during a step, before the next batch's lookup runs ahead in the tiers: False when the
+        caller will use the tables between this step and the next (save, evaluate, stop); None: never."""
         cfg = self.cfg
+        self._quiet = quiet
         with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
             stream = self.store.wrap(loader)  # stage 3 of the tiers; the look-ahead after it: same order on every rank
             try:
-                pairs = with_next(stream) if self.ahead is not None or self.exchange else ((b, None) for b in stream)
-                for batch, nxt in pairs:
+                for batch, nxt in with_next(stream):  # the next batch is pulled before this one trains
                     t0 = time.perf_counter()
                     loss = self.step(batch, nxt)
                     yield Step(batch, loss, time.perf_counter() - t0)
@@ -111,16 +126,33 @@ class TrainPipeline:
                 coll.prefetch(upcoming.sparse)
         prepared = self.ahead.take(local.sparse) if self.ahead is not None else None
         emb, wide = parts.embed(local, prepared)
-        if self.ahead is not None and nxt is not None:  # stage 2: this batch's ids are in; probe the next one's
-            self.ahead.submit(nxt.sparse)
-        logits = parts.dense(local, emb, wide)
-        loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
-        parts.optimizer.zero_grad(set_to_none=True)
-        # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
-        (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
-        parts.optimizer.step()
+        threads, kernel_threads = torch.get_num_threads(), numba.get_num_threads()
+        if self.ahead is not None and nxt is not None and self._may_move_on():
+            self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
+            if self.ahead.bring_up and threads > 1:  # a core for the lookup running beside the dense step
+                torch.set_num_threads(threads - 1)
+                numba.set_num_threads(max(kernel_threads - 1, 1))
+        try:
+            logits = parts.dense(local, emb, wide)
+            loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
+            parts.optimizer.zero_grad(set_to_none=True)
+            # x W / B: DDP's mean over ranks and the owners' summed row gradients are the global batch mean's
+            (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
+            parts.optimizer.step()
+        finally:
+            torch.set_num_threads(threads)
+            numba.set_num_threads(kernel_threads)
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
+
+    def _may_move_on(self) -> bool:
+        """May the next batch's lookup change the tables before this step ends?"""
+        return not self.ahead.bring_up or self._quiet is None or self._quiet()
+
+    @property
+    def ahead_pending(self) -> bool:
+        """The next batch was looked up ahead in the tiers: it must be trained before the tables are used."""
+        return self.ahead is not None and self.ahead.bring_up and self.ahead.pending
 
     def _local(self, batch: Batch) -> Batch:
         job = self.job

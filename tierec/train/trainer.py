@@ -247,7 +247,7 @@ class Trainer:
             source = passes.source(pos.epoch, pos.batch_in_epoch, pos.step)
             if source is None:  # a stop was asked for while a followed directory had no new file
                 self._interrupt(parts, ckpt_dir, pos, bar, log)
-            with closing(pipe.run(source)) as steps:
+            with closing(pipe.run(source, quiet=lambda: self._quiet_after(pos.step + 1, end, parts))) as steps:
                 for step in steps:
                     t0 = time.perf_counter()
                     batch, last_loss = step.batch, step.loss
@@ -287,7 +287,7 @@ class Trainer:
                         self._save_full(parts, ckpt_dir, pos)
                     elif cfg.train.delta_every and pos.step % cfg.train.delta_every == 0:
                         self._save_delta(parts, ckpt_dir, pos)
-                    if self._stop_requested():
+                    if not pipe.ahead_pending and self._stop_requested():  # else the batch looked up ahead first
                         self._interrupt(parts, ckpt_dir, pos, bar, log)
                     if done or pos.step >= end:
                         done = True
@@ -363,6 +363,20 @@ class Trainer:
         """A run stopped before the followed directory gave it a first file: nothing was trained."""
         raise Interrupted(self._stop_requested() or 0, f"stopped while waiting for a first file in {self.cfg.data.source}; "
                                                        "nothing was trained")  # fmt: skip
+
+    def _quiet_after(self, step: int, end: float, parts: Components) -> bool:
+        """Nothing uses the tables between training step ``step`` (1-based) and the next: no evaluation,
+        checkpoint, delta, pruning, stop or end (the pipeline may then look the next batch up ahead)."""
+        t = self.cfg.train
+        busy = (
+            step >= end
+            or bool(t.eval_every and step % t.eval_every == 0)
+            or bool(t.checkpoint_every and step % t.checkpoint_every == 0)
+            or bool(t.delta_every and step % t.delta_every == 0)
+            or (parts.pruner is not None and parts.pruner.due(step))
+            or (self.stop is not None and bool(self.stop.requested))
+        )
+        return not busy
 
     def _stop_requested(self) -> int | None:
         """The signal that asked the run to stop (all ranks agree in a job), or None."""

@@ -1,0 +1,106 @@
+"""store.lookup_ahead: the next batch's lookup in the tiers runs during this step and changes no number."""
+
+from __future__ import annotations
+
+import threading
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+
+from tierec.config import load_config
+from tierec.data import open_source
+from tierec.distributed.job import Job
+from tierec.train.components import Components
+from tierec.train.pipeline import TrainPipeline
+from tierec.train.trainer import Trainer
+
+BASE = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=512",
+        "train.progress=false", "train.plots=false", "embedding.dim=16"]
+
+
+def _tiers(disk: Path, precision: str) -> list[str]:
+    # a fast tier of a few batches and a small host tier: every step evicts, writes back and reads from disk
+    return ["store.enabled=true", "store.cache_size=256KiB", "store.host_size=24KiB", f"store.disk_path={disk}",
+            f"store.cold_precision={precision}", "store.interval=5", "store.prefetch=false"]
+
+
+def _rows(parts: Components) -> dict[str, torch.Tensor]:
+    sd = parts.embeddings.state_dict()
+    out = {}
+    for k, v in sd.items():
+        if ".store." in k or not (k.endswith(".weights") or ".opt." in k):
+            continue
+        table = k.split(".opt.")[0] if ".opt." in k else k.rsplit(".", 1)[0]
+        out[k] = v[torch.argsort(sd[f"{table}.ids"])]
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path, precision: str) -> None:
+    runs = {}
+    for how in ("sequential", "ahead"):
+        cfg = load_config(None, BASE + _tiers(tmp_path / how, precision))
+        source = open_source(cfg.data, "train", cfg.train.batch_size)
+        parts = Components.build(cfg, source.feature_names, source.n_dense)
+        group = parts.embeddings.groups[0]
+        threads: list[str] = []
+        look = group.lookup_ahead
+
+        def counted(keys, tabs, look=look, threads=threads):
+            threads.append(threading.current_thread().name)
+            return look(keys, tabs)
+
+        group.lookup_ahead = counted
+        batches = list(islice(iter(source), 13))
+        with TrainPipeline(parts, Job(cfg), cfg) as pipe:
+            assert pipe.ahead is not None and pipe.ahead.bring_up
+            nexts = [*batches[1:12], None] if how == "ahead" else [None] * 12
+            losses = [pipe.step(b, n) for b, n in zip(batches[:12], nexts)]
+        stats = group.stats()
+        runs[how] = (losses, _rows(parts), stats)
+        if how == "ahead":  # it ran, on the pipeline's thread, and did move rows
+            assert len(threads) == 11 and all(t.startswith("tierec-ahead") for t in threads)
+            assert sum(s["disk_read_rows"] for s in stats.values()) > 0
+            assert sum(s["evicted"] for s in stats.values()) > 0
+        group.close()
+    (la, ra, sa), (lb, rb, sb) = runs["sequential"], runs["ahead"]
+    assert la == lb
+    assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
+    if precision != "fp32":  # rounded rows: the same rows move (fp32 rows may move otherwise, with the same values)
+        assert sa == sb
+
+
+def test_a_run_with_checkpoints_resumes_exactly_with_lookups_ahead(tmp_path: Path) -> None:
+    """Checkpoints, evaluations and the end are boundaries the pipeline does not look across."""
+    import shutil
+
+    over = BASE + _tiers(tmp_path / "rows", "int8") + ["train.checkpoint_every=5", "train.eval_every=4",
+                                                       "data.validation_rows=1024"]
+    full = Trainer(load_config(None, over), tmp_path / "full", echo=lambda _: None).fit()
+    assert full["steps"] == 24
+    shutil.copytree(tmp_path / "full", tmp_path / "part")
+    ckpts = tmp_path / "part" / "checkpoints"
+    kept = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step_"))
+    for name in kept[1:]:  # resume from the earliest kept checkpoint
+        shutil.rmtree(ckpts / name)
+    (ckpts / "latest").unlink()
+    resumed = Trainer(load_config(None, over), tmp_path / "part", resume=True, echo=lambda _: None).fit()
+    assert resumed["steps"] == 24
+    assert resumed["test_auc"] == full["test_auc"] and resumed["final_train_loss"] == full["final_train_loss"]
+    plain = Trainer(load_config(None, over + ["store.lookup_ahead=false"]), tmp_path / "plain", echo=lambda _: None).fit()
+    assert abs(plain["test_auc"] - full["test_auc"]) < 0.01  # int8 rows: one batch pinned, not two, moves rows
+
+
+def test_a_fast_tier_of_one_batch(tmp_path: Path) -> None:
+    """fp32 rows: the lookup waits for the step instead (same numbers); int8 rows: a clear error."""
+    from tierec.store.group import CacheCapacityError
+
+    small = ["store.cache_size=128KiB"]
+    ahead = Trainer(load_config(None, BASE + _tiers(tmp_path / "a", "fp32") + small), tmp_path / "run", echo=lambda _: None).fit()
+    off = ["store.lookup_ahead=false"]
+    seq = Trainer(load_config(None, BASE + _tiers(tmp_path / "b", "fp32") + small + off), tmp_path / "run2", echo=lambda _: None).fit()
+    assert ahead["test_auc"] == seq["test_auc"] and ahead["final_train_loss"] == seq["final_train_loss"]
+    with pytest.raises(CacheCapacityError, match="store.lookup_ahead = false"):
+        Trainer(load_config(None, BASE + _tiers(tmp_path / "c", "int8") + small), tmp_path / "run3", echo=lambda _: None).fit()

@@ -126,11 +126,12 @@ class ModelConfig:
     cross_rank: int = 0  # dcnv2 low-rank cross; 0 = full rank
     dropout: float = 0.0  # dropout rate of the MLPs
     # First-order terms: a per-id bias (dim-1 table per feature, summed into the logit). deepfm and widedeep
-    # have them by design; dlrm and dcnv2 get them with "on", or with "auto" when the data has no dense
-    # features (id-only data). Never pruned.
+    # have them by design; dlrm and dcnv2 get them with "on" (with dense features, also a linear term on them, from
+    # 0), or with "auto" when the data has no dense features (id-only data). Never pruned.
     first_order: str = "auto"  # auto | on | off
     # The first-order tables learn at the embedding optimizer's lr times this (a bias is one number in logit
-    # units, an embedding value one of dim small ones; `tierec train` picks 5 below 20,000 training rows).
+    # units, an embedding value one of dim small ones; `tierec train` picks 5 below 20,000 training rows and for
+    # logs with sampled negatives of 204,800-2,047,999).
     first_order_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:

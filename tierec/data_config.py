@@ -126,10 +126,12 @@ class DataConfig:
     # A separate test file (overrides the split).
     test_source: str = ""
     prefetch_batches: int = 4  # background loader queue depth
-    # Dense features (after their transform) are standardised by the model's first layer with the mean and
-    # standard deviation of the training split's first `dense_stats_rows` rows (0 = all); a constant column is
-    # dropped. "none" feeds them as they are. The statistics are part of the model: checkpoints and exports.
-    dense_scaling: str = "standard"
+    # Dense features (after their transform) are scaled by the model's first layer with the mean and standard
+    # deviation of the training split's first `dense_stats_rows` rows (0 = all); a constant column is dropped.
+    # "shrink": (x - mean) / max(std, 1), centred and brought down to unit variance, never amplified (a column
+    # already of order 1 keeps its spread); "standard": (x - mean) / std; "none": as they are. The statistics are
+    # part of the model: checkpoints and exports.
+    dense_scaling: str = "shrink"
     dense_stats_rows: int = 1_000_000  # rows read for the dense statistics (0 = the whole training split)
     # Implicit feedback (a log of uses, plays, purchases: every row a positive): K > 0 adds K rows per positive with
     # the same user and context and a sampled item the user has not used in training (labels 1 and 0; docs/data.md,
@@ -171,8 +173,8 @@ class DataConfig:
         if self.follow and (self.validation_rows or self.validation_fraction):
             raise ConfigError("data.follow trains every row of every file: it has no validation split; leave "
                               "data.validation_rows and data.validation_fraction at 0 (evaluate on data.test_source)")  # fmt: skip
-        if self.dense_scaling not in {"standard", "none"}:
-            raise ConfigError(f"data.dense_scaling {self.dense_scaling!r} is not one of standard, none")
+        if self.dense_scaling not in {"shrink", "standard", "none"}:
+            raise ConfigError(f"data.dense_scaling {self.dense_scaling!r} is not one of shrink, standard, none")
         if self.dense_stats_rows < 0:
             raise ConfigError("data.dense_stats_rows must be >= 0 (0 = the whole training split)")
         formats = {"auto", "synthetic", "criteo", "csv", "tsv", "parquet", "shards"}

@@ -69,6 +69,34 @@ def test_first_order_adds_the_ids_weights_to_the_logit(name: str) -> None:
     torch.testing.assert_close(model(dense, emb, shifted) - model(dense, emb, wide), torch.full((6,), 2.0))
 
 
+@pytest.mark.parametrize("name", ["dlrm", "dcnv2"])
+def test_first_order_on_data_with_dense_features_adds_a_linear_dense_term_from_zero(name: str) -> None:
+    """With first-order terms and dense features, DLRM and DCN-v2 add the linear dense term a logistic regression
+    has (DeepFM and Wide&Deep have theirs by design): weights from 0, so at init the logit is the model without it;
+    it learns, and a checkpoint written before it existed loads as 0 there."""
+    torch.manual_seed(0)
+    on = build_model(ModelConfig(name=name, first_order="on"), N_DENSE, N_SPARSE, DIM)
+    torch.manual_seed(0)
+    off = build_model(ModelConfig(name=name, first_order="off"), N_DENSE, N_SPARSE, DIM)
+    assert off.dense_first_order_weight is None
+    assert build_model(ModelConfig(name=name, first_order="on"), 0, N_SPARSE, DIM).dense_first_order_weight is None
+    assert make("deepfm").dense_first_order_weight is None and make("widedeep").dense_first_order_weight is None
+    w = on.dense_first_order_weight
+    assert w is not None and w.shape == (N_DENSE,) and not w.any()
+    shared = {k: v for k, v in on.state_dict().items() if k != "dense_first_order_weight"}
+    assert shared.keys() == off.state_dict().keys()
+    assert all(torch.equal(v, off.state_dict()[k]) for k, v in shared.items())  # no random numbers drawn for it
+    dense, emb, wide = inputs(6)
+    torch.testing.assert_close(on(dense, emb, wide), off(dense, emb, None) + wide.sum(1))
+    with torch.no_grad():
+        w.copy_(torch.arange(N_DENSE, dtype=torch.float32))
+    torch.testing.assert_close(on(dense, emb, wide), off(dense, emb, None) + wide.sum(1) + dense @ w)
+    F.binary_cross_entropy_with_logits(on(dense, emb, wide), (torch.arange(6) % 2).float()).backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+    on.load_state_dict(shared)  # strict: a checkpoint from before the term
+    assert not on.dense_first_order_weight.any()
+
+
 def test_dlrm_without_dense_features_dots_a_learned_constant_with_each_id() -> None:
     """With no dense input the bottom MLP is reduced to its bias: a learned vector stacked with the embeddings,
     so each id's vector has a term of its own (<constant, e_i>) as it has <bottom(dense), e_i> with dense features."""

@@ -69,3 +69,41 @@ def test_the_scaler_is_the_first_thing_a_model_does_to_dense() -> None:
         want = model(scaled, emb, wide)
         model.dense_scale = ref
         assert torch.allclose(model(dense, emb, wide), want, atol=1e-6), name
+
+
+def test_shrink_centres_every_column_and_divides_only_a_spread_above_one(tmp_path: Path) -> None:
+    # `small` spreads over [0, 1) (std ~0.29), `big` over [0, 1000) (std ~289): the default "shrink" centres both,
+    # brings `big` to unit variance and leaves `small` at its own spread; "standard" divides both by their std.
+    rows = ["label,small,big,user"] + [f"{i % 2},{(i * 37) % 101 / 101},{(i * 53) % 1000},u{i % 50}" for i in range(400)]
+    (tmp_path / "f.csv").write_text("\n".join(rows) + "\n")
+    base = [f"data.source={tmp_path / 'f.csv'}", "data.test_rows=100", 'data.schema.label="label"',
+            'data.schema.dense=["small", "big"]', 'data.schema.categorical=["user"]', 'data.schema.dense_transform="none"']
+    small = np.array([(i * 37) % 101 / 101 for i in range(300)], dtype=np.float64)
+    big = np.array([(i * 53) % 1000 for i in range(300)], dtype=np.float64)
+    assert load_config(None, base).data.dense_scaling == "shrink"  # the default
+    for mode, want_small in (("shrink", 1.0), ("standard", 1 / small.std())):
+        cfg = load_config(None, [*base, f'data.dense_scaling="{mode}"'])
+        source = open_source(cfg.data, "train", 64)
+        parts = Components.build(cfg, source.feature_names, source.n_dense)
+        fit_dense_scaling(cfg, parts.model, source, print)
+        scale = parts.model.dense_scale
+        np.testing.assert_allclose(scale.mean.numpy(), [small.mean(), big.mean()], rtol=1e-5)
+        np.testing.assert_allclose(scale.inv_std.numpy(), [want_small, 1 / big.std()], rtol=1e-5)
+        out = scale(torch.tensor([[small.max(), big.max()]], dtype=torch.float32))
+        assert float(out[0, 1]) < 2.0  # a large column is never fed as it is
+        assert abs(float(out[0, 0]) - (small.max() - small.mean()) * want_small) < 1e-5
+
+
+def test_a_column_with_a_spread_below_one_is_not_amplified_and_a_constant_one_is_dropped() -> None:
+    stats = DenseStats(3)
+    stats.add(torch.tensor([[0.2, 10.0, 3.0], [0.4, 30.0, 3.0]], dtype=torch.float64))  # std 0.1, 10, 0
+    scaler = DenseScaler(3)
+    assert scaler.fit(stats) == [2]
+    assert torch.allclose(scaler.inv_std, torch.tensor([1.0, 0.1, 0.0]))
+    assert DenseScaler(3).fit(stats, mode="standard") == [2]
+    try:
+        DenseScaler(3).fit(stats, mode="unit")
+    except ValueError as e:
+        assert "unit" in str(e)
+    else:
+        raise AssertionError("an unknown mode was accepted")

@@ -38,12 +38,13 @@ def test_synthetic_data_and_large_files_keep_the_defaults(tmp_path: Path) -> Non
 def test_logs_with_sampled_negatives_get_two_epochs_and_a_higher_embedding_lr_up_to_their_bound() -> None:
     log = load_config(None, ["data.negatives=2", 'data.user_column="C1"', 'data.item_column="C2"'])
     cfg, chosen = size_defaults(log, set(), train_rows=250_000)
-    assert chosen == {"train.epochs": 2, "embedding.optimizer.lr": 0.1}
-    assert cfg.train.epochs == 2 and cfg.embedding.optimizer.lr == 0.1
+    assert chosen == {"train.epochs": 2, "embedding.optimizer.lr": 0.1, "model.first_order_lr_scale": 5.0}
+    assert cfg.train.epochs == 2 and cfg.embedding.optimizer.lr == 0.1 and cfg.model.first_order_lr_scale == 5.0
     assert size_defaults(log, set(), train_rows=2_048_000)[1] == {}  # beyond what was measured: the defaults
     assert size_defaults(load_config(None, []), set(), train_rows=250_000)[1] == {}  # labelled files: unchanged
-    assert size_defaults(log, {"embedding.optimizer.kind"}, train_rows=250_000)[1] == {"train.epochs": 2}
-    assert size_defaults(log, {"train.epochs"}, train_rows=250_000)[1] == {"embedding.optimizer.lr": 0.1}
+    assert size_defaults(log, {"embedding.optimizer.kind"}, train_rows=250_000)[1] == {"train.epochs": 2,
+                                                                                      "model.first_order_lr_scale": 5.0}
+    assert size_defaults(log, {"train.epochs", "model.first_order_lr_scale"}, train_rows=250_000)[1] == {"embedding.optimizer.lr": 0.1}
     assert "embedding.optimizer.lr" not in size_defaults(log, set(), train_rows=100_000)[1]  # 65,536-204,799: as before
 
 

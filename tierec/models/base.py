@@ -3,7 +3,7 @@
 A model sees already-pooled embeddings, never ids: the embedding collection
 (tierec.embedding) owns the tables. Inputs for a batch of ``B`` samples:
 
-- ``dense``: ``[B, n_dense]`` float32 dense features, standardised first by
+- ``dense``: ``[B, n_dense]`` float32 dense features, scaled first by
   ``self.dense_scale`` (identity until the trainer fits it: tierec.models.scaling);
 - ``emb``: ``[B, F, D]`` the pooled embedding of each of the ``F`` sparse features;
 - ``wide``: ``[B, F]`` pooled first-order (dim-1) embeddings, or ``None``.
@@ -13,7 +13,11 @@ are one mechanism for every model: a model whose ``uses_wide`` is true needs
 ``wide`` (the trainer then keeps a second collection of dim-1 tables, never
 pruned) and adds :meth:`CTRModel.first_order` to its logit. DeepFM and
 Wide&Deep have them by design (``first_order_by_design``); DLRM and DCN-v2 get
-them when ``model.first_order`` asks (:func:`tierec.models.has_first_order`).
+them when ``model.first_order`` asks (:func:`tierec.models.has_first_order`);
+then, with dense features, their first-order terms also hold a linear map of the
+(scaled) dense features, as a logistic regression has and as DeepFM's and
+Wide&Deep's do: ``dense_first_order``, a weight per column that starts at 0 (so
+a checkpoint written before it existed loads with 0 there, the same model).
 
 >>> import torch
 >>> from tierec.models.base import CTRModel
@@ -28,8 +32,9 @@ torch.Size([5])
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from tierec.models.scaling import DenseScaler
@@ -54,13 +59,30 @@ class CTRModel(nn.Module):
         self.dim = dim
         self.uses_wide = first_order or self.first_order_by_design
         self.dense_scale = DenseScaler(n_dense)  # the first layer on `dense`: the training split's statistics
+        # Models whose first-order terms are optional (DLRM, DCN-v2) get the dense part of them here; DeepFM and
+        # Wide&Deep have their own. Zeros, not a random init: no random function of the dense features in the logit
+        # at step 0, and no random numbers drawn (the other layers' initial values are what they were without it).
+        self.dense_first_order_weight = (
+            nn.Parameter(torch.zeros(n_dense)) if first_order and n_dense > 0 and not self.first_order_by_design else None
+        )
 
-    def first_order(self, wide: Tensor | None) -> Tensor | float:  # -> [B], or 0.0 without first-order terms
-        """The sum of the ids' first-order weights, the part of the logit that is a per-id bias."""
+    def first_order(self, wide: Tensor | None, dense: Tensor | None = None) -> Tensor | float:  # -> [B], or 0.0
+        """The sum of the ids' first-order weights, the part of the logit that is a per-id bias; plus, where this
+        model keeps ``dense_first_order_weight``, its dot with ``dense`` (already scaled)."""
         if not self.uses_wide:
             return 0.0
         assert wide is not None  # check_inputs demands it
-        return wide.sum(dim=1)
+        out = wide.sum(dim=1)
+        if self.dense_first_order_weight is not None and dense is not None:
+            out = out + dense @ self.dense_first_order_weight.to(dense.dtype)
+        return out
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # A checkpoint from before the dense first-order weights: they start at 0, so 0 is that model exactly.
+        key = prefix + "dense_first_order_weight"
+        if self.dense_first_order_weight is not None and key not in state_dict:
+            state_dict[key] = torch.zeros_like(self.dense_first_order_weight)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def check_inputs(self, dense: Tensor, emb: Tensor, wide: Tensor | None) -> None:
         """Raise ValueError naming the expected shapes when inputs do not match."""

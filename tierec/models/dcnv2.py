@@ -42,4 +42,4 @@ class DCNv2(CTRModel):
         self.check_inputs(dense, emb, wide)
         dense = self.dense_scale(dense)
         x0 = torch.cat([dense, emb.flatten(1)], dim=1)  # [B, n_dense + F D]
-        return self.out(self.deep(self.cross(x0))).squeeze(1) + self.first_order(wide)  # [B]
+        return self.out(self.deep(self.cross(x0))).squeeze(1) + self.first_order(wide, dense)  # [B]

@@ -56,4 +56,4 @@ class DLRM(CTRModel):
             # same bf16 vectors in one pass fewer each way (their gradient comes back in fp32).
             vectors = torch.cat([bottom.unsqueeze(1), emb.to(bottom.dtype)], dim=1)  # [B, F + 1, D]
             top_in = torch.cat([bottom, self.interaction(vectors)], dim=1)  # [B, D + (F + 1) F / 2]
-        return self.out(self.top(top_in)).squeeze(1) + self.first_order(wide)  # [B]
+        return self.out(self.top(top_in)).squeeze(1) + self.first_order(wide, dense)  # [B]

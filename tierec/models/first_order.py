@@ -9,7 +9,9 @@ per-id term there and scored test AUC 0.50 where item popularity reaches 0.72
 logistic regression has, learned directly: ``"auto"`` adds them on data without
 dense features, ``"on"`` always (what ``tierec train`` chooses below 20,000
 training rows, tierec/train/sizing.py), ``"off"`` never. DCN-v2 follows the same
-key.
+key. On data with dense features, first-order terms also bring the linear dense
+term a logistic regression has (one weight per scaled column, from 0:
+``CTRModel.dense_first_order_weight``), as DeepFM and Wide&Deep have by design.
 
 >>> from tierec.config import ModelConfig
 >>> optional_first_order(ModelConfig(name="dlrm"), n_dense=13), optional_first_order(ModelConfig(name="dlrm"), n_dense=0)

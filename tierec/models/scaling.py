@@ -1,7 +1,13 @@
 """Dense features standardised with statistics of the training split, inside the model.
 
 A ``DenseScaler`` is the first layer every model applies to its dense input:
-``(x - mean) * inv_std`` per column. Its two buffers are part of the model's
+``(x - mean) * inv_std`` per column. ``data.dense_scaling = "shrink"`` (the
+default) takes ``inv_std = 1 / max(std, 1)``: every column is centred, and
+divided by its standard deviation only where that exceeds 1, so a column of large
+values comes down to unit variance and one already of order 1 keeps its spread
+(a column with std 0.3 is not multiplied by 3.3: docs/models.md, "Dense features
+are standardised from the data"). ``"standard"`` divides every column by its
+standard deviation. Its two buffers are part of the model's
 state, so a checkpoint and an export carry them and serving scales exactly as
 training did. :class:`DenseStats` accumulates the mean and variance of each
 column over a stream of batches (in float64, merged per batch); a column that
@@ -18,6 +24,13 @@ checkpoint written before scaling existed) has the identity: mean 0, inv_std 1.
 [1]
 >>> scaler(torch.tensor([[1.0, 5.0], [3.0, 7.0]])).tolist()
 [[-1.0, 0.0], [1.0, 0.0]]
+>>> small = DenseStats(1)
+>>> small.add(torch.tensor([[0.4], [0.6]]))  # mean 0.5, std 0.1
+>>> shrink, standard = DenseScaler(1), DenseScaler(1)
+>>> shrink.fit(small), standard.fit(small, mode="standard")
+([], [])
+>>> round(shrink(torch.tensor([[0.6]])).item(), 4), round(standard(torch.tensor([[0.6]])).item(), 4)
+(0.1, 1.0)
 """
 
 from __future__ import annotations
@@ -63,11 +76,16 @@ class DenseScaler(nn.Module):
         self.register_buffer("mean", torch.zeros(n))
         self.register_buffer("inv_std", torch.ones(n))
 
-    def fit(self, stats: DenseStats, eps: float = 1e-6) -> list[int]:
-        """Take the statistics; returns the columns that are constant (dropped: inv_std 0)."""
+    def fit(self, stats: DenseStats, mode: str = "shrink", eps: float = 1e-6) -> list[int]:
+        """Take the statistics; returns the columns that are constant (dropped: inv_std 0).
+
+        ``mode``: "shrink" divides by ``max(std, 1)`` (never amplifies a column), "standard" by ``std``.
+        """
+        if mode not in ("shrink", "standard"):
+            raise ValueError(f"mode {mode!r} is not one of shrink, standard")
         std = stats.std
         constant = std <= eps * stats.mean.abs().clamp(min=1.0)
-        inv = torch.where(constant, torch.zeros_like(std), 1.0 / std.clamp(min=eps))
+        inv = torch.where(constant, torch.zeros_like(std), 1.0 / std.clamp(min=1.0 if mode == "shrink" else eps))
         self.mean.copy_(stats.mean.to(self.mean.dtype))
         self.inv_std.copy_(inv.to(self.inv_std.dtype))
         return [int(i) for i in constant.nonzero().flatten()]

@@ -25,8 +25,8 @@ from tierec.models.scaling import DenseStats
 
 def fit_dense_scaling(cfg: Config, model: CTRModel, source: Any, echo: Callable[[str], None]) -> None:
     """Mean and standard deviation of each dense column over the first ``data.dense_stats_rows`` rows of
-    ``source`` (the training split, in the data's order), into ``model.dense_scale``; a constant column is
-    named and dropped."""
+    ``source`` (the training split, in the data's order), into ``model.dense_scale`` (``data.dense_scaling``:
+    "shrink" or "standard"); a constant column is named and dropped."""
     if cfg.data.dense_scaling == "none" or model.n_dense == 0:
         return
     stats = DenseStats(model.n_dense)
@@ -37,5 +37,5 @@ def fit_dense_scaling(cfg: Config, model: CTRModel, source: Any, echo: Callable[
             stats.add(batch.dense if not limit else batch.dense[: limit - stats.count])
             if limit and stats.count >= limit:
                 break
-    for i in model.dense_scale.fit(stats):
+    for i in model.dense_scale.fit(stats, mode=cfg.data.dense_scaling):
         echo(f"dense column {source.dense_names[i]!r} is constant in the training split ({float(stats.mean[i]):g}): dropped")

@@ -102,5 +102,8 @@ def test_a_fast_tier_of_one_batch(tmp_path: Path) -> None:
     off = ["store.lookup_ahead=false"]
     seq = Trainer(load_config(None, BASE + _tiers(tmp_path / "b", "fp32") + small + off), tmp_path / "run2", echo=lambda _: None).fit()
     assert ahead["test_auc"] == seq["test_auc"] and ahead["final_train_loss"] == seq["final_train_loss"]
+    lines: list[str] = []
+    Trainer(load_config(None, BASE + _tiers(tmp_path / "d", "fp32")), tmp_path / "run4", echo=lines.append).fit()
+    assert any("store.lookup_ahead" in line for line in lines)  # the run says it looks up ahead
     with pytest.raises(CacheCapacityError, match="store.lookup_ahead = false"):
         Trainer(load_config(None, BASE + _tiers(tmp_path / "c", "int8") + small), tmp_path / "run3", echo=lambda _: None).fit()

@@ -149,6 +149,13 @@ class TrainPipeline:
         """May the next batch's lookup change the tables before this step ends?"""
         return not self.ahead.bring_up or self._quiet is None or self._quiet()
 
+    def describe(self) -> str:
+        """One line on the lookup run ahead in the tiers, or "" when there is none."""
+        if self.ahead is None or not self.ahead.bring_up:
+            return ""
+        return ("store: each next batch's lookup in the tiers runs during the step, which leaves it a core "
+                "(store.lookup_ahead)")
+
     @property
     def ahead_pending(self) -> bool:
         """The next batch was looked up ahead in the tiers: it must be trained before the tables are used."""

@@ -126,12 +126,14 @@ class TrainPipeline:
                 coll.prefetch(upcoming.sparse)
         prepared = self.ahead.take(local.sparse) if self.ahead is not None else None
         emb, wide = parts.embed(local, prepared)
-        threads, kernel_threads = torch.get_num_threads(), numba.get_num_threads()
+        narrowed: tuple[int, int] | None = None  # (torch, numba) threads to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
+            threads = torch.get_num_threads()
             if self.ahead.bring_up and threads > 1:  # a core for the lookup running beside the dense step
+                narrowed = (threads, numba.get_num_threads())
                 torch.set_num_threads(threads - 1)
-                numba.set_num_threads(max(kernel_threads - 1, 1))
+                numba.set_num_threads(max(narrowed[1] - 1, 1))
         try:
             logits = parts.dense(local, emb, wide)
             loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
@@ -140,8 +142,9 @@ class TrainPipeline:
             (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
             parts.optimizer.step()
         finally:
-            torch.set_num_threads(threads)
-            numba.set_num_threads(kernel_threads)
+            if narrowed is not None:
+                torch.set_num_threads(narrowed[0])
+                numba.set_num_threads(narrowed[1])
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
 

@@ -50,6 +50,53 @@ def test_directory_matches_a_dict_under_inserts_and_deletes() -> None:
     assert d.high < 300  # freed lids are reused
 
 
+def test_probe_equals_find_then_the_columns() -> None:
+    """The fused probe gives what find and the per-lid columns give, for resident, away and unknown pairs."""
+    from tierec.store.directory import LOC_DISK, LOC_HOST
+
+    rng = np.random.default_rng(5)
+    d = Directory(n_tables=3, cache_slots=300)
+    n = 4000
+    keys, tabs = rng.permutation(n * 2)[:n].astype(np.int64), rng.integers(0, 3, n).astype(np.int32)
+    lids = d.insert(keys, tabs)
+    d.loc[lids] = rng.choice([LOC_HOST, LOC_DISK], n).astype(np.int8)
+    d.home[lids] = rng.permutation(n)
+    d.come_up(lids[:250], np.arange(1, 251), d.loc[lids[:250]], d.home[lids[:250]])
+    ask_k = np.concatenate([keys, keys + n * 2])  # the second half is unknown
+    ask_t = np.concatenate([tabs, tabs])
+    got = d.probe(ask_k, ask_t)
+    ref = d.find(ask_k, ask_t)
+    known = ref >= 0
+    assert got[0].tolist() == ref.tolist() and known.sum() == n
+    assert got[1][known].tolist() == d.cslot[ref[known]].tolist() and (got[1][~known] == -1).all()
+    assert got[2][known].tolist() == d.loc[ref[known]].tolist() and (got[2][~known] == 0).all()
+    assert got[3][known].tolist() == d.home[ref[known]].tolist() and (got[3][~known] == -1).all()
+    assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
+
+
+@pytest.mark.parametrize("loc", [None, 1, 2])
+@pytest.mark.parametrize("hottest", [True, False])
+def test_extreme_away_matches_a_sort(loc, hottest) -> None:
+    """The counting-sort ranking of rows away from the fast tier equals a plain sort by (count, lid)."""
+    from tierec.store.directory import LOC_DISK, LOC_HOST, quantise
+
+    rng = np.random.default_rng(3)
+    d = Directory(n_tables=4, cache_slots=64)
+    n = 5000
+    lids = d.insert(rng.permutation(n * 3)[:n].astype(np.int64), rng.integers(0, 4, n).astype(np.int32))
+    d.loc[lids] = rng.choice([LOC_HOST, LOC_DISK], n).astype(np.int8)
+    d.home[lids] = np.arange(n)
+    d.freq[lids] = rng.zipf(1.5, n).astype(np.float32)
+    d.come_up(lids[:40], np.arange(1, 41), d.loc[lids[:40]], d.home[lids[:40]])  # resident: never chosen
+    d.delete(lids[40:90])  # freed lids: never chosen
+    live = np.setdiff1d(lids[90:], lids[:40])
+    pool = live if loc is None else live[d.loc[live] == loc]
+    q = quantise(d.freq[pool]).astype(np.int64)
+    ref = pool[np.lexsort((pool, -q if hottest else q))]
+    for k in (0, 1, 17, 600, pool.size, pool.size + 5):
+        assert d.extreme_away(k, loc, hottest).tolist() == ref[:k].tolist()
+
+
 def test_host_tier_reuses_low_slots() -> None:
     h = HostTier(width=2, max_rows=None)
     s = h.alloc(2000)

@@ -105,6 +105,40 @@ def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
 
 
 @nb.njit(cache=True, nogil=True)
+def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, lids, cslot, loc, home):
+    """``_find`` then ``_where`` in one pass: the row's tier byte and position are asked for ahead with its key."""
+    n = np.uint64(slots.shape[0])
+    m = keys.shape[0]
+    for i in range(m):
+        if i + 2 * AHEAD < m:
+            prefetch_row(slots, home_slot(key_hash(np.int32(tabs[i + 2 * AHEAD]), keys[i + 2 * AHEAD]), n))
+        if i + AHEAD < m:
+            ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
+            if ahead >= 0:
+                prefetch_row(lid_keys, ahead)
+                prefetch_row(lid_tabs, ahead)
+                prefetch_row(tier, ahead)
+                prefetch_row(pos, ahead)
+        k = keys[i]
+        t = tabs[i]
+        s = home_slot(key_hash(np.int32(t), k), n)
+        r = slots[s]
+        while r != -1 and not (lid_keys[r] == k and lid_tabs[r] == t):
+            s = s + np.uint64(1)
+            s = np.uint64(0) if s == n else s
+            r = slots[s]
+        lids[i] = r
+        if r < 0:
+            cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
+            continue
+        b, p = tier[r], pos[r]
+        if b & _RESIDENT:
+            cslot[i], loc[i], home[i] = p, c_loc[p], c_home[p]
+        else:
+            cslot[i], loc[i], home[i] = -1, b, p
+
+
+@nb.njit(cache=True, nogil=True)
 def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
     """Per lid (-1: unknown): fast-tier slot (-1 when away), home tier and home slot, through the split."""
     for i in range(lids.shape[0]):
@@ -200,6 +234,41 @@ def _rebuild(lid_keys, lid_tabs, high, slots):
             s = s + np.uint64(1)
             s = np.uint64(0) if s == n else s
         slots[s] = r
+
+
+@nb.njit(cache=True, nogil=True)
+def _extreme_away(tier, tabs, fq, high, loc, k, hottest, out):
+    """lids of the ``k`` rows away from the fast tier (homed in ``loc``; -1: anywhere) with the highest
+    (``hottest``) or lowest quantised counts, in that order, ties by lid: a histogram pass, then a
+    collecting pass (a counting sort over the 256 count steps). Returns how many were written to ``out``."""
+    hist = np.zeros(256, dtype=np.int64)
+    for r in range(high):
+        t = tier[r]
+        if (t != loc) if loc >= 0 else ((t & _RESIDENT) != 0 or tabs[r] < 0):
+            continue
+        hist[fq[r]] += 1
+    take = np.zeros(256, dtype=np.int64)
+    start = np.zeros(256, dtype=np.int64)
+    n = 0
+    for j in range(256):
+        b = 255 - j if hottest else j
+        m = min(hist[b], k - n)
+        take[b], start[b] = m, n
+        n += m
+        if n == k:
+            break
+    if n == 0:
+        return 0
+    for r in range(high):
+        t = tier[r]
+        if (t != loc) if loc >= 0 else ((t & _RESIDENT) != 0 or tabs[r] < 0):
+            continue
+        b = fq[r]
+        if take[b] > 0:
+            out[start[b]] = r
+            start[b] += 1
+            take[b] -= 1
+    return n
 
 
 @nb.njit(cache=True, nogil=True)
@@ -383,7 +452,11 @@ class Directory:
         """(lid, fast-tier slot, home tier, home slot) [N] each of every pair; -1, -1, LOC_NONE, -1 when unknown.
 
         The same as ``find`` then ``cslot``, ``loc`` and ``home``, in one pass (a lookup's hot path)."""
-        return self.where(self.find(keys, tabs))
+        n = keys.shape[0]
+        lids, cs = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        loc, home = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
+        _probe(keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, lids, cs, loc, home)
+        return lids, cs, loc, home
 
     def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(lids, fast-tier slot, home tier, home slot) of lids (-1 allowed) in one pass through the split."""
@@ -482,16 +555,14 @@ class Directory:
         for lo, hi in self.spans():
             yield lo + np.flatnonzero(self.tabs[lo:hi] >= 0)
 
-    def away(self, loc: int | None = None):
-        """lids of the known rows away from the fast tier (homed in ``loc`` if given), ascending, a span at a time."""
-        for lo, hi in self.spans():
-            t = self.tier[lo:hi]
-            keep = (t == np.int8(loc)) if loc is not None else ((t & np.int8(_RESIDENT)) == 0) & (self.tabs[lo:hi] >= 0)
-            yield lo + np.flatnonzero(keep)
-
-    def away_freq(self, lids: np.ndarray) -> np.ndarray:
-        """Access counts [n] of rows away from the fast tier (``freq`` without the split)."""
-        return self._dq[self.fq[lids]]
+    def extreme_away(self, k: int, loc: int | None, hottest: bool) -> np.ndarray:
+        """lids of the ``k`` most (``hottest``) or least accessed rows away from the fast tier (homed in ``loc``
+        if given), in that order; ties (counts are quantised) by lid. Two passes over every lid, no scratch
+        beyond the answer."""
+        out = np.empty(max(min(k, self.high), 0), dtype=np.int64)
+        n = _extreme_away(self.tier, self.tabs, self.fq, self.high, np.int8(-1 if loc is None else loc), out.size,
+                          hottest, out)
+        return out[:n]
 
     def rows_by_loc(self, n_tables: int) -> dict[int, np.ndarray]:
         """Rows per table [n_tables] of each home tier (``LOC_*``), a span at a time."""

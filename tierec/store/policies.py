@@ -123,27 +123,10 @@ class HotnessPass:
         self.moves.free_rows(lids)
         self.index.delete(lids)
 
-    def _away(self, loc: int | None = None):
-        """lids of the known rows away from the fast tier (homed in ``loc`` if given), a span at a time."""
-        yield from self.index.away(loc)
-
     def _extreme(self, k: int, loc: int | None, hottest: bool) -> np.ndarray:
-        """lids of the ``k`` most (least) accessed rows away from the fast tier, hottest (coldest) first.
-
-        A span at a time, keeping each span's best ``k``: the scratch is bounded by spans, not rows.
-        """
-        pick = hotness.highest if hottest else hotness.lowest
-        lids, freq = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.float32)]
-        for span in self._away(loc):
-            f = self.index.away_freq(span)
-            best = pick(f, k)
-            lids.append(span[best])
-            freq.append(f[best])
-        lids, freq = np.concatenate(lids), np.concatenate(freq)
-        best = pick(freq, k)
-        if not hottest:
-            best = best[np.argsort(freq[best], kind="stable")]
-        return lids[best]
+        """lids of the ``k`` most (least) accessed rows away from the fast tier (homed in ``loc`` if given),
+        hottest (coldest) first; ties by lid (Directory.extreme_away)."""
+        return self.index.extreme_away(k, loc, hottest)
 
     def _promote_to_cache(self, most: int, clock: int) -> None:
         d = self.index

@@ -55,8 +55,8 @@ def test_a_forward_takes_only_the_exchange_prepared_for_its_batch() -> None:
     """The handle ``prepare`` returns is checked as on several processes (where it carries the ids in flight,
     test_sharded_training_matches_one_process): its own batch's ids only, once, in posting order."""
     batches = [sp for sp, _ in make_batches(3)]
-    build = lambda: ShardedEmbeddingCollection.build(make_tables(), FEATURES, DistContext.single(), DistConfig(), seed=3)
-    coll, other = build(), build()
+    coll, other = (ShardedEmbeddingCollection.build(make_tables(), FEATURES, DistContext.single(), DistConfig(), seed=3)
+                   for _ in range(2))
     a, b = coll.prepare(batches[0]), coll.prepare(batches[1])
     with pytest.raises(ValueError, match="prepared for another batch"):
         coll(batches[0], b)

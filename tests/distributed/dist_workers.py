@@ -73,20 +73,40 @@ def collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[str, 
     local = [slice_sparse(sp, lo, hi) for (sp, _), (lo, hi) in zip(batches, bounds)]
     for name, over in variants:
         coll = ShardedEmbeddingCollection.build(make_tables(), FEATURES, ctx, DistConfig(**over), seed=3)
+        prepared = coll.prepare(local[0])
         for s in range(STEPS):
-            if s + 1 < STEPS:
-                coll.prefetch(local[s + 1])
+            upcoming = coll.prepare(local[s + 1]) if s + 1 < STEPS else None  # posted before this batch's forward
             lo, hi = bounds[s]
-            loss = (coll(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
+            loss = (coll(local[s], prepared) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
             loss.backward()
+            prepared = upcoming
         hot = coll.hot_rows()
         coll.eval()
+        refused = _refusals(coll, local[0], local[-1])
         with torch.no_grad():
             out = coll(local[-1])
         coll.close()
         result = {"state": coll.state_dict(), "eval": out, "hot_rows": hot, "moves": coll.hot_moves(),
-                  "traffic": coll.traffic.per_step()}
+                  "traffic": coll.traffic.per_step(), "refused": refused}
         torch.save(result, Path(out_dir) / f"{name}-rank{ctx.rank}.pt")
+
+
+def _refusals(coll: ShardedEmbeddingCollection, sparse: SparseFeatures, other: SparseFeatures) -> list[str]:
+    """The errors of forwards given the handle of another batch, a handle used twice, and one posted before
+    the handle last used (none is silently matched); the handle left behind is waited out by ``close``."""
+    errors = []
+    first, second, third = coll.prepare(sparse), coll.prepare(other), coll.prepare(sparse)
+    # `first` to another batch (refused), to its own, to its own again (refused); `third`, which waits out
+    # `second`; `second` after it (refused)
+    calls = [(other, first), (sparse, first), (sparse, first), (sparse, third), (other, second)]
+    with torch.no_grad():
+        for args in calls:
+            try:
+                coll(*args)
+            except ValueError as e:
+                errors.append(str(e))
+    coll.prepare(other)  # never used: close() waits it out
+    return errors
 
 
 def merge_shards(states: list[dict[str, torch.Tensor]]) -> dict[str, dict[int, torch.Tensor]]:

@@ -142,12 +142,13 @@ def hier_collection_worker(ctx: DistContext, out_dir: str, variants: list[tuple[
         cfg = DistConfig(group_size=2, **over)
         h = Hierarchical.build(ctx, cfg)
         coll = h.shard_collection(EmbeddingCollection(make_tables(), FEATURES, seed=3))
+        prepared = coll.prepare(local[0])
         for s in range(STEPS):
-            if s + 1 < STEPS:
-                coll.prefetch(local[s + 1])
+            upcoming = coll.prepare(local[s + 1]) if s + 1 < STEPS else None  # posted before this batch's forward
             lo, hi = bounds[s]
-            loss = (coll(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
+            loss = (coll(local[s], prepared) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
             loss.backward()
+            prepared = upcoming
             h.after_step()
         h.sync_now()
         hot = coll.hot_rows()

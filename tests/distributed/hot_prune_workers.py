@@ -73,11 +73,15 @@ def hot_pruned_worker(ctx: DistContext, out_dir: str, names: list[str], target_r
         else:
             pruner = Pruner(coll, prune)
         steps, dims, hot_sizes = [], [], []
+        prepared = sharded.prepare(local[0]) if sharded is not None else None
         for s in range(STEPS - 1):
+            upcoming = None
             if sharded is not None and s + 1 < STEPS - 1:
-                sharded.prefetch(local[s + 1])  # split hot / cold before the pruning step that may change the set
+                upcoming = sharded.prepare(local[s + 1])  # split hot / cold before the pruning step that may change the set
             lo, hi = bounds[s]
-            loss = (model(local[s]) * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
+            emb = model(local[s]) if prepared is None else sharded(local[s], prepared)
+            prepared = upcoming
+            loss = (emb * batches[s][1][lo:hi]).sum() / batches[s][0].batch_size * w
             loss.backward()
             if s + 1 in PRUNE_AT:
                 hot_sizes.append(sharded.hot_rows() if sharded is not None else 0)

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from dist_workers import collection_worker, make_batches, merge_shards, reference
+from dist_workers import FEATURES, collection_worker, make_batches, make_tables, merge_shards, reference
+from tierec.batch import SparseFeatures
+from tierec.config import DistConfig
+from tierec.distributed import DistContext, ShardedEmbeddingCollection
 from tierec.distributed.data import slice_bounds, slice_sparse
 from tierec.distributed.exchange import owner_of
 from tierec.distributed.launch import spawn
@@ -38,10 +41,35 @@ def test_sharded_training_matches_one_process(tmp_path: Path, world: int) -> Non
             assert int(sd["group0.step"]) == int(ref_state["group0.step"])
         out = torch.cat([r["eval"] for r in results])  # slices in rank order = the global batch
         torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=2e-6, msg=name)
+        for r in results:  # a handle given to another batch, twice, or after a later one is refused (dist_workers)
+            assert len(r["refused"]) == 3, (name, r["refused"])
+            for error, says in zip(r["refused"], ("prepared for another batch", "already used", "already waited out")):
+                assert says in error, (name, error)
         if name == "hot":
             assert all(r["hot_rows"] > 0 for r in results)
             assert results[0]["hot_rows"] == results[-1]["hot_rows"]
             assert results[0]["moves"]["joined"] > 0 and results[0]["moves"]["left"] > 0  # both handovers ran
+
+
+def test_a_forward_takes_only_the_exchange_prepared_for_its_batch() -> None:
+    """The handle ``prepare`` returns is checked as on several processes (where it carries the ids in flight,
+    test_sharded_training_matches_one_process): its own batch's ids only, once, in posting order."""
+    batches = [sp for sp, _ in make_batches(3)]
+    coll, other = (ShardedEmbeddingCollection.build(make_tables(), FEATURES, DistContext.single(), DistConfig(), seed=3)
+                   for _ in range(2))
+    a, b = coll.prepare(batches[0]), coll.prepare(batches[1])
+    with pytest.raises(ValueError, match="prepared for another batch"):
+        coll(batches[0], b)
+    with pytest.raises(ValueError, match="prepared by another collection"):
+        other(batches[0], a)
+    same_ids = SparseFeatures(batches[0].keys, batches[0].values.clone(), batches[0].offsets.clone(), batches[0].batch_size)
+    torch.testing.assert_close(coll(same_ids, a), other(batches[0]))
+    with pytest.raises(ValueError, match="already used"):
+        coll(batches[0], a)
+    coll(batches[2], coll.prepare(batches[2]))  # b, posted before, was never used: waited out
+    with pytest.raises(ValueError, match="already waited out"):
+        coll(batches[1], b)
+    coll.close()
 
 
 def test_owner_is_a_stable_function_of_table_and_id() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from itertools import islice
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from tierec.config import load_config
 from tierec.data import open_source
+from tierec.distributed import DistContext, ShardedEmbeddingCollection
 from tierec.distributed.job import Job
 from tierec.train.components import Components
 from tierec.train.pipeline import TrainPipeline
@@ -68,3 +70,47 @@ def test_breaking_out_stops_every_stage(tmp_path: Path) -> None:
     group = parts.embeddings.groups[0]
     assert pipe.store.pipeline_stats()["batches"] >= 3  # the store's stage did run ahead
     assert group.staging.held_rows == 0  # and holds no record for batches that will not come
+
+
+class _Recording(ShardedEmbeddingCollection):
+    """A sharded collection (over one process) that keeps every handle its ``prepare`` returns."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.handles = []
+
+    def prepare(self, sparse):
+        self.handles.append(super().prepare(sparse))
+        return self.handles[-1]
+
+
+class _AsIfSeveral:
+    """A one-process Job that the pipeline takes for a job of several (its stage 3 prepares each next batch)."""
+
+    distributed = True
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def __getattr__(self, name: str):
+        return getattr(self.job, name)
+
+
+def test_each_step_gets_the_exchange_prepared_for_it() -> None:
+    """Stage 3 of several processes: the handle the sharded collection's ``prepare`` returned for batch t + 1 is
+    used by batch t + 1's forward (a forward refuses any other), the one no step used is waited out at close, and
+    the losses are those of the sequential step (dist.overlap off: nothing prepared)."""
+    losses, states = {}, {}
+    for overlap in (False, True):
+        cfg = load_config(None, BASE + [f"dist.overlap={str(overlap).lower()}"])
+        source = open_source(cfg.data, "train", cfg.train.batch_size)
+        batches = list(islice(iter(source), 5))
+        parts = Components.build(cfg, source.feature_names, source.n_dense)
+        coll = _Recording(parts.embeddings, DistContext.single(), cfg.dist)
+        with TrainPipeline(dataclasses.replace(parts, embeddings=coll), _AsIfSeveral(Job(cfg)), cfg) as pipe:
+            losses[overlap] = [pipe.step(b, n) for b, n in zip(batches[:4], batches[1:])]  # batch 4: prepared only
+            during = [h.state for h in coll.handles]
+        states[overlap] = (during, [h.state for h in coll.handles])
+    assert losses[True] == losses[False]
+    assert states[False] == ([], [])
+    assert states[True] == (["used"] * 3 + ["posted"], ["used"] * 3 + ["waited out"])

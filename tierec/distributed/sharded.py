@@ -11,8 +11,9 @@ whose exchange is split into named steps. Per batch and table group:
 1. input distribution: dedupe the batch's (table, id) pairs locally (the
    engine's Deduper); hot ids (``HotReplica``) are served locally, the rest are
    sorted by (owner, table) and sent to their owners (all-to-all #1: counts,
-   then ids); with ``dist.overlap`` this is issued for the next batch while the
-   current one computes;
+   then ids); with ``dist.overlap``, :meth:`ShardedEmbeddingCollection.prepare`
+   issues this for the next batch while the current one computes, and returns
+   a :class:`PreparedExchange` that the caller hands to that batch's forward;
 2. lookup: owners dedupe what they received and look it up (insert +
    deterministic init when training);
 3. output distribution: all-to-all #2 sends the rows back, merged with the hot
@@ -37,7 +38,8 @@ same rows as one process, within float tolerance (tests/distributed).
 >>> import torch
 >>> coll = ShardedEmbeddingCollection.build(tables_from_config(EmbeddingConfig(dim=4), ["a"]), ["a"],
 ...                                         DistContext.single(), DistConfig())
->>> coll(SparseFeatures.one_hot(("a",), torch.tensor([[1], [2]]))).shape
+>>> sp = SparseFeatures.one_hot(("a",), torch.tensor([[1], [2]]))
+>>> coll(sp, coll.prepare(sp)).shape    # prepare: the exchange started ahead, handed to this batch's forward
 torch.Size([2, 1, 4])
 """
 
@@ -46,7 +48,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -100,11 +102,28 @@ def _pool(emb: Tensor, layout: BagLayout, n_features: int) -> Tensor:  # emb [U,
     return out
 
 
-@dataclass
-class _Pending:
-    values: Tensor  # the batch's id tensor: a prefetch is matched to its batch by identity
-    offsets: Tensor
-    requests: list[IdRequest]
+def _same_ids(a: SparseFeatures, b: SparseFeatures) -> bool:
+    """Do ``a`` and ``b`` hold the same ids (the same object, or equal keys, sizes, values and offsets)?"""
+    if a is b:
+        return True
+    return (a.keys == b.keys and a.batch_size == b.batch_size and torch.equal(a.offsets, b.offsets)
+            and torch.equal(a.values, b.values))
+
+
+@dataclass(eq=False)
+class PreparedExchange:
+    """One batch's id exchange, started by :meth:`ShardedEmbeddingCollection.prepare`.
+
+    Hand it to the forward of that batch (``coll(sparse, prepared)``), once; a forward refuses it
+    for another batch (other ids), from another collection, a second time, or after the forward of
+    a batch prepared later (which waited it out). ``requests`` is None where nothing is exchanged
+    ahead (``dist.overlap`` off, or one process): the forward does it all.
+    """
+
+    collection: ShardedEmbeddingCollection = field(repr=False)  # the collection that started it
+    sparse: SparseFeatures = field(repr=False)  # the batch, as given to prepare (reselected features in the requests)
+    requests: list[IdRequest] | None = field(repr=False)  # one per table group, counts (and later ids) in flight
+    state: str = "posted"  # "posted" -> "used" (by its forward) or "waited out" (never used)
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -129,7 +148,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.tables = local.tables
         self.traffic = Traffic()
         self.shards = [GroupShard(p, self.sharding, self.traffic, counts_steps=i == 0) for i, p in enumerate(local.plans)]
-        self._pending: deque[_Pending] = deque()
+        self._posted: deque[PreparedExchange] = deque()  # exchanges started and not yet used, in posting order
         self._anchor = torch.zeros((), requires_grad=True)
 
     @classmethod
@@ -164,49 +183,69 @@ class ShardedEmbeddingCollection(nn.Module):
         tabs = np.repeat(shard.plan.feature_table, lengths)
         return values.numpy(), offsets.numpy(), tabs
 
-    def prefetch(self, sparse: SparseFeatures) -> None:
-        """Start exchanging the ids of a batch that a later ``forward`` will get (no-op without overlap).
+    def prepare(self, sparse: SparseFeatures) -> PreparedExchange:
+        """Start exchanging the ids of a batch (step 1, all-to-all #1's counts) and return the handle
+        that batch's :meth:`forward` takes. With ``dist.overlap`` on several processes the exchange
+        runs while other batches compute (each later forward sends the ids of every exchange still
+        posted, once their counts are in); otherwise nothing starts ahead.
 
-        Must be called in the same order on every rank, like every collective.
+        A collective: every rank prepares the same batches in the same order, and uses (or never
+        uses) their handles in the same order. A forward given a handle waits out the older ones no
+        forward used (they cannot be used after it); :meth:`close` waits out the rest.
         """
-        if not (self.cfg.overlap and self.ctx.is_distributed):
-            return
-        if sparse.keys != self.feature_names:
-            sparse = select_features(sparse, self.feature_names)
-        reqs = []
-        for shard in self.shards:
-            keys, _, tabs = self._group_keys(shard, sparse)
-            reqs.append(shard.distribute_input(keys, tabs, async_op=True))
-        self._pending.append(_Pending(sparse.values, sparse.offsets, reqs))
+        reqs = None
+        if self.cfg.overlap and self.ctx.is_distributed:
+            chosen = sparse if sparse.keys == self.feature_names else select_features(sparse, self.feature_names)
+            reqs = []
+            for shard in self.shards:
+                keys, _, tabs = self._group_keys(shard, chosen)
+                reqs.append(shard.distribute_input(keys, tabs, async_op=True))
+        prepared = PreparedExchange(self, sparse, reqs)
+        self._posted.append(prepared)
+        return prepared
 
-    def _take_pending(self, sparse: SparseFeatures) -> list[IdRequest] | None:
-        """The prefetched requests of this batch; older prefetches that were never used are dropped."""
-        while self._pending:
-            p = self._pending[0]
-            if p.values is sparse.values and p.offsets is sparse.offsets:
-                self._pending.popleft()
-                return p.requests
-            if not any(q.values is sparse.values for q in self._pending):
-                return None  # this batch was not prefetched; keep the queue for later batches
-            self._discard(self._pending.popleft())
-        return None
+    def _claim(self, sparse: SparseFeatures, prepared: PreparedExchange | None) -> list[IdRequest | None]:
+        """The requests of ``prepared`` for this batch's forward, per table group (None: exchange now).
 
-    def _discard(self, p: _Pending) -> None:
-        for shard, r in zip(self.shards, p.requests):
+        Checked before any collective, so a refused handle leaves every rank where it was.
+        """
+        none: list[IdRequest | None] = [None] * len(self.shards)
+        if prepared is None:
+            return none
+        if prepared.collection is not self:
+            raise ValueError("this exchange was prepared by another collection; pass each collection its own")
+        if prepared.state != "posted":  # used, or waited out when a later batch's exchange was used first
+            raise ValueError(f"this exchange was already {prepared.state}: prepare a batch again for another forward")
+        if not _same_ids(prepared.sparse, sparse):
+            raise ValueError("this exchange was prepared for another batch: pass each forward the handle that "
+                             "prepare() returned for its batch")
+        while self._posted[0] is not prepared:  # older exchanges no forward used: done with, in posting order
+            self._wait_out(self._posted.popleft())
+        self._posted.popleft()
+        prepared.state = "used"
+        return none if prepared.requests is None else list(prepared.requests)
+
+    def _wait_out(self, prepared: PreparedExchange) -> None:
+        prepared.state = "waited out"
+        for shard, r in zip(self.shards, prepared.requests or ()):
             shard.discard(r)
 
-    def _advance_pending(self) -> None:
-        """Put the next prefetched batch's ids on the wire now that their counts have arrived."""
-        for p in self._pending:
-            for shard, r in zip(self.shards, p.requests):
+    def _send_posted_ids(self) -> None:
+        """Put the ids of the exchanges still posted on the wire now that their counts have arrived."""
+        for prepared in self._posted:
+            for shard, r in zip(self.shards, prepared.requests or ()):
                 shard.send_ids(r, async_op=True)
 
-    def forward(self, sparse: SparseFeatures) -> Tensor:
-        """Pooled embeddings ``[B, F, D]`` in ``feature_names`` order (all tables one dim)."""
+    def forward(self, sparse: SparseFeatures, prepared: PreparedExchange | None = None) -> Tensor:
+        """Pooled embeddings ``[B, F, D]`` in ``feature_names`` order (all tables one dim).
+
+        ``prepared``: what :meth:`prepare` returned for this very batch (its ids already on their
+        way); the result is the same as without it. A handle of another batch is refused.
+        """
         dims = set(self.dims)
         if len(dims) != 1:
             raise ValueError(f"forward() needs one dim for all tables, got {sorted(dims)}; use pooled_by_feature()")
-        outs = self._forward_groups(sparse)
+        outs = self._forward_groups(sparse, prepared)
         plans = [s.plan for s in self.shards]
         if len(outs) == 1 and plans[0].features == tuple(range(len(self.feature_names))):
             return outs[0]
@@ -214,15 +253,15 @@ class ShardedEmbeddingCollection(nn.Module):
         perm = torch.from_numpy(np.argsort(order))
         return torch.cat(outs, dim=1).index_select(1, perm)
 
-    def pooled_by_feature(self, sparse: SparseFeatures) -> dict[str, Tensor]:
+    def pooled_by_feature(self, sparse: SparseFeatures, prepared: PreparedExchange | None = None) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
-        for shard, pooled in zip(self.shards, self._forward_groups(sparse)):
+        for shard, pooled in zip(self.shards, self._forward_groups(sparse, prepared)):
             for i, f in enumerate(shard.plan.features):
                 out[self.feature_names[f]] = pooled[:, i]
         return out
 
-    def _forward_groups(self, sparse: SparseFeatures) -> list[Tensor]:
-        prefetched = self._take_pending(sparse)
+    def _forward_groups(self, sparse: SparseFeatures, prepared: PreparedExchange | None) -> list[Tensor]:
+        requests = self._claim(sparse, prepared)
         if sparse.keys != self.feature_names:
             sparse = select_features(sparse, self.feature_names)
         train = self.training and torch.is_grad_enabled()
@@ -230,7 +269,7 @@ class ShardedEmbeddingCollection(nn.Module):
         outs = []
         for gi, shard in enumerate(self.shards):
             keys, off, tabs = self._group_keys(shard, sparse)
-            req = prefetched[gi] if prefetched is not None else None
+            req = requests[gi]
             if req is not None and req.hot_version != shard.hot.version:  # a refresh since: the split is stale
                 shard.discard(req)
                 req = None
@@ -244,13 +283,13 @@ class ShardedEmbeddingCollection(nn.Module):
                 outs.append(_ShardedPool.apply(self._anchor, shard, served, emb, layout))
             else:
                 outs.append(_pool(emb, layout, len(shard.plan.features)))
-        self._advance_pending()
+        self._send_posted_ids()
         return outs
 
     def close(self) -> None:
-        """Wait out prefetches that no forward will use (call before leaving the job)."""
-        while self._pending:
-            self._discard(self._pending.popleft())
+        """Wait out the exchanges that no forward used (every rank, at the same point, before leaving the job)."""
+        while self._posted:
+            self._wait_out(self._posted.popleft())
 
     # ------------------------------------------------------------- hot replicas
 

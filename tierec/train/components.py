@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +22,6 @@ from torch import Tensor, nn
 from tierec.batch import Batch
 from tierec.config import Config, EmbeddingConfig
 from tierec.embedding import EmbeddingCollection, tables_from_config
-from tierec.embedding.ahead import Ahead
 from tierec.models import CTRModel, build_model, has_first_order
 from tierec.prune import Pruner
 from tierec.storage import storage_factory
@@ -31,6 +31,16 @@ from tierec.train.precision import DenseStep
 
 # First-order (dim-1) tables start near zero, like a logistic regression.
 WIDE_INIT_SCALE = 1e-3
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """What was prepared ahead for one batch, per embedding collection: what that collection's
+    ``prepare`` returned for the batch (an ``Ahead``, a ``PreparedExchange``), or None where its
+    forward does everything itself. Valid for that batch's :meth:`Components.embed` only."""
+
+    embeddings: Any = None
+    wide: Any = None
 
 
 @dataclass
@@ -81,11 +91,18 @@ class Components:
     def forward(self, batch: Batch) -> Tensor:  # -> logits [B]
         return self.dense(batch, *self.embed(batch))
 
-    def embed(self, batch: Batch, prepared: Ahead | None = None) -> tuple[Tensor, Tensor | None]:
+    def prepare(self, batch: Batch) -> PreparedBatch:
+        """Every embedding collection's ``prepare`` of ``batch`` (sharded ones start exchanging its ids),
+        to be handed to that batch's :meth:`embed`. Every rank prepares the same batches in the same order."""
+        emb = self.embeddings.prepare(batch.sparse)
+        return PreparedBatch(emb, self.wide.prepare(batch.sparse) if self.wide is not None else None)
+
+    def embed(self, batch: Batch, prepared: PreparedBatch | None = None) -> tuple[Tensor, Tensor | None]:
         """Pooled embeddings ``[B, F, D]`` and first-order terms ``[B, F]`` (or None) on the model's device;
-        ``prepared``: this batch's dedupe and probe, done ahead (the pipeline's stage 2)."""
-        emb = self.embeddings(batch.sparse) if prepared is None else self.embeddings(batch.sparse, prepared)
-        wide = self.wide(batch.sparse).squeeze(-1) if self.wide is not None else None
+        ``prepared``: what was prepared ahead for this very batch (the pipeline's stages 2 and 3)."""
+        ahead = prepared if prepared is not None else PreparedBatch()
+        emb = self.embeddings(batch.sparse, ahead.embeddings)
+        wide = self.wide(batch.sparse, ahead.wide).squeeze(-1) if self.wide is not None else None
         return emb, wide
 
     def dense(self, batch: Batch, emb: Tensor, wide: Tensor | None) -> Tensor:  # -> logits [B]

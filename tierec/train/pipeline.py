@@ -16,7 +16,9 @@ For batch ``t`` the stages are:
    one torch thread fewer, leaving that lookup a core), except where the caller
    says the tables are used between the two steps (``run``'s ``quiet``: a
    checkpoint, an evaluation, the end); or send batch ``t + 1``'s ids to their
-   owner ranks (several processes with ``dist.overlap``);
+   owner ranks (several processes with ``dist.overlap``: each sharded
+   collection's ``prepare``, whose handles the pipeline keeps and hands to batch
+   ``t + 1``'s forward);
 4. **forward, backward and fused update** of batch ``t`` on the caller's thread
    (:meth:`TrainPipeline.step`);
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
@@ -56,10 +58,9 @@ from tierec.batch import Batch, with_next
 from tierec.config import Config
 from tierec.data import BackgroundLoader
 from tierec.device import is_host
-from tierec.distributed.parallelize import sharded_collections
 from tierec.embedding.ahead import LookAhead
 from tierec.store.monitor import StoreMonitor
-from tierec.train.components import Components
+from tierec.train.components import Components, PreparedBatch
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,12 @@ class TrainPipeline:
         )
         self.ahead = LookAhead(parts.embeddings, probe=probe, bring_up=bring_up) if probe or bring_up else None
         self._quiet: Callable[[], bool] | None = None  # run()'s: may the tables move on to the next batch now?
-        # stage 3 on several processes: the next batch's ids go out while this batch computes
-        self.exchange = sharded_collections(parts) if job.distributed and cfg.dist.overlap else []
-        self._next: tuple[Batch, Batch] | None = None  # (global, this rank's slice) whose ids were sent ahead
+        # stage 3 on several processes: the next batch's ids go out while this batch computes (in a job every
+        # embedding collection is sharded: parallelize); the exchanges no step used are waited out in close()
+        self.exchange = [c for c in (parts.embeddings, parts.wide) if c is not None] \
+            if job.distributed and cfg.dist.overlap else []
+        # (global batch, this rank's slice, what its collections prepared): the next batch, its ids sent ahead
+        self._next: tuple[Batch, Batch, PreparedBatch] | None = None
 
     # ------------------------------------------------------------ the stream
 
@@ -118,13 +122,12 @@ class TrainPipeline:
         after it, or None). Returns the global batch's mean loss."""
         parts, job = self.parts, self.job
         parts.train(True)
-        local = self._local(batch)  # this process's slice on the model's device
+        local, prepared = self._local(batch)  # this process's slice on the model's device, and its exchanges
         if nxt is not None and self.exchange:  # stage 3: the next batch's ids go to their owners now
             upcoming = job.local(nxt)
-            self._next = (nxt, upcoming)
-            for coll in self.exchange:
-                coll.prefetch(upcoming.sparse)
-        prepared = self.ahead.take(local.sparse) if self.ahead is not None else None
+            self._next = (nxt, upcoming, parts.prepare(upcoming))
+        if self.ahead is not None:  # stage 2 (one process): this batch's dedupe and probe, or its lookup
+            prepared = PreparedBatch(embeddings=self.ahead.take(local.sparse))
         emb, wide = parts.embed(local, prepared)
         narrowed: tuple[int, int] | None = None  # (torch, numba) threads to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
@@ -164,15 +167,15 @@ class TrainPipeline:
         """The next batch was looked up ahead in the tiers: it must be trained before the tables are used."""
         return self.ahead is not None and self.ahead.bring_up and self.ahead.pending
 
-    def _local(self, batch: Batch) -> Batch:
+    def _local(self, batch: Batch) -> tuple[Batch, PreparedBatch | None]:
+        """This process's slice of ``batch``, and what was prepared for it when it was the step's ``nxt``
+        (an exchange prepared for another batch is left to the collections: waited out by a later one, or at close)."""
         job = self.job
         job.count_step()  # (a fault test's planned crash happens here)
-        if self._next is not None and self._next[0] is batch:
-            local = self._next[1]
-        else:
-            local = job.local(batch)
-        self._next = None
-        return local
+        ahead, self._next = self._next, None
+        if ahead is not None and ahead[0] is batch:
+            return ahead[1], ahead[2]
+        return job.local(batch), None
 
     # ------------------------------------------------------------ lifetime
 
@@ -187,6 +190,7 @@ class TrainPipeline:
         """Stop the stages still running (a loop that broke out early), and wait out id exchanges that no
         step will use (every rank calls it at the same point)."""
         self.stop()
+        self._next = None
         for coll in self.exchange:
             coll.close()
 

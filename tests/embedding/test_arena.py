@@ -148,18 +148,3 @@ def test_stores_with_their_own_layout_report_their_own_bytes_in_ram():
     )
     coll(SparseFeatures.one_hot(("f",), torch.arange(3000).view(-1, 1))).sum().backward()
     assert coll.resident_nbytes() == coll.nbytes()
-
-
-def test_growable_records_keep_their_fields_through_growth() -> None:
-    """A record array (a structured dtype with padding) grows with its rows and field views intact."""
-    from tierec.store.directory import record_dtype
-
-    dt = record_dtype(np.int8)
-    g = GrowableArray(np.zeros(4, dtype=dt))
-    g.array["key"][:4] = [1, 2, 3, 4]
-    g.array["fq"][:4] = 9
-    a = g.grow(100_000, used=4)
-    assert a.dtype == dt and a.shape == (100_000,) and a.itemsize == 16
-    assert a["key"][:4].tolist() == [1, 2, 3, 4] and a["fq"][:4].tolist() == [9] * 4
-    a["pos"][99_999] = 7
-    assert int(g.array["pos"][99_999]) == 7

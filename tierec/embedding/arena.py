@@ -147,8 +147,6 @@ class Arena:
         end = dt.itemsize * int(np.prod(shape))
         if end > self._map.size:
             raise ValueError(f"a {shape} {dt} view needs {end:,} bytes, the arena has {self._map.size:,}")
-        if dt.fields is not None:  # records: bytes seen through the record dtype (keeps its layout and padding)
-            return np.asarray(_View(self, np.dtype(np.uint8), (end,))).view(dt).reshape(shape)
         return np.asarray(_View(self, dt, tuple(shape)))
 
 

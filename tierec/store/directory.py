@@ -1,10 +1,9 @@
 """Directory: where every row of a tiered store lives, keyed by (table, id), in about 20 bytes per id.
 
 Each known (table, id) pair owns a row id (``lid``). Per lid the directory keeps
-only what a row on disk needs, in one 16-byte record (a lookup reads one cache
-line per row): its id (8 bytes), one 4-byte position, its table (1, or 2 beyond
-127 tables), home tier with a "resident" bit (1) and a 1-byte quantised access
-count (log scale, 1/12 octave steps: about 3 %). The
+only what a row on disk needs: its id (8 bytes), table (1, or 2 beyond 127
+tables), home tier with a "resident" bit (1), one 4-byte position and a
+1-byte quantised access count (log scale, 1/12 octave steps: about 3 %). The
 position is the row's slot in its home tier (host DRAM or disk); while the row
 is resident it is the fast-tier slot instead, and the home slot, the exact
 access count and the step of last use move to arrays indexed by fast-tier
@@ -19,9 +18,9 @@ and 80 % full: 5 to 7.3 bytes per id. Rows can be deleted: the map uses
 backward-shift deletion (no tombstones) and freed lids are reused. Per-lid
 arrays grow without touching their spare capacity (arena.GrowableArray).
 
-So an id whose row is on disk costs 16 bytes plus 5 to 7.3 in the map (plus 4
+So an id whose row is on disk costs 15 bytes plus 5 to 7.3 in the map (plus 4
 with a time-to-live), plus 1 bit of the disk tier's liveness bitmap per slot
-(2 with dead slots not yet compacted): 21 to 24 bytes (``tests/store/test_directory_memory.py`` measures it).
+(2 with dead slots not yet compacted): 20 to 23 bytes (``tests/store/test_directory_memory.py`` measures it).
 
 All kernels are serial and release the GIL, so the prefetch thread can run
 them beside the training step.
@@ -63,13 +62,6 @@ _RESIDENT = 4  # bit in the per-lid tier byte: the position is a fast-tier slot
 _Q_STEPS = 12.0  # quantised access counts: steps per doubling of (1 + count)
 
 
-def record_dtype(tab: np.dtype | type) -> np.dtype:
-    """A lid's 16-byte record: id, position, table, tier byte (home tier and resident bit), quantised count."""
-    tab = np.dtype(tab)
-    return np.dtype({"names": ["key", "pos", "tab", "tier", "fq"], "formats": [np.int64, np.int32, tab, np.int8, np.uint8],
-                     "offsets": [0, 8, 12, 12 + tab.itemsize, 13 + tab.itemsize], "itemsize": 16})
-
-
 def quantise(freq: np.ndarray) -> np.ndarray:
     """Access counts >= 0 as uint8 on a log scale (counts up to about 2.5M; 3 % steps)."""
     q = np.rint(np.log2(1.0 + np.maximum(np.asarray(freq, dtype=np.float32), 0)) * np.float32(_Q_STEPS))
@@ -89,7 +81,7 @@ def _slots_for(rows: int, load: float) -> int:
 
 @nb.njit(cache=True, nogil=True)
 def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
-    """A probe costs two cache misses (the slot, then its row's record): the slot of key ``i + 2A`` and the key of
+    """A probe costs two cache misses (the slot, then its row's key): the slot of key ``i + 2A`` and the key of
     ``i + A``'s slot are asked for ahead, so a batch's misses overlap instead of queueing."""
     n = np.uint64(slots.shape[0])
     m = keys.shape[0]
@@ -99,7 +91,8 @@ def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
         if i + AHEAD < m:
             ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
             if ahead >= 0:
-                prefetch_row(lid_keys, ahead)  # the lid's record, its table included
+                prefetch_row(lid_keys, ahead)
+                prefetch_row(lid_tabs, ahead)
         k = keys[i]
         t = tabs[i]
         s = home_slot(key_hash(np.int32(t), k), n)
@@ -122,7 +115,10 @@ def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, lids
         if i + AHEAD < m:
             ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
             if ahead >= 0:
-                prefetch_row(lid_keys, ahead)  # the lid's record: its table, tier and position too
+                prefetch_row(lid_keys, ahead)
+                prefetch_row(lid_tabs, ahead)
+                prefetch_row(tier, ahead)
+                prefetch_row(pos, ahead)
         k = keys[i]
         t = tabs[i]
         s = home_slot(key_hash(np.int32(t), k), n)
@@ -305,12 +301,12 @@ class Directory:
         self._n_free = 0
         self.slots = np.full(_slots_for(initial_rows, MAX_LOAD), -1, dtype=np.int32)  # [S] lid, -1 empty
         self.track_last = track_last  # keep the last-use step of rows away from the fast tier (time-to-live)
-        # One 16-byte record per lid (a lookup touches one cache line per row, not five); the step of last use
-        # only where a time-to-live needs it.
-        self._grow = {"rec": GrowableArray(np.zeros(initial_rows, dtype=record_dtype(table_dtype(n_tables))))}
+        dtypes = {"keys": np.int64, "tabs": table_dtype(n_tables), "tier": np.int8, "pos": np.int32, "fq": np.uint8}
         if track_last:
-            self._grow["lst"] = GrowableArray(np.zeros(initial_rows, dtype=np.int32))
-        self._bind()
+            dtypes["lst"] = np.int32
+        self._grow = {c: GrowableArray(np.zeros(initial_rows, dtype=t)) for c, t in dtypes.items()}
+        for c, g in self._grow.items():
+            setattr(self, c, g.array)  # [L] each
         self.attach_cache(cache_slots)
         self._dq = dequantise(np.arange(256))  # [256] the count of each quantised one (the kernels' table)
         self.loc = _Column(self._get_loc, self._put_loc)  # [L] LOC_* home tier
@@ -326,22 +322,12 @@ class Directory:
         self.c_freq = np.zeros(n_slots, dtype=np.float32)  # [C]
         self.c_last = np.zeros(n_slots, dtype=np.int32)  # [C]
 
-    def _bind(self) -> None:
-        """The per-lid columns as views of the records (taken afresh after each growth)."""
-        rec = self._grow["rec"].array
-        self.keys, self.tabs, self.tier, self.pos, self.fq = (rec[f] for f in ("key", "tab", "tier", "pos", "fq"))  # [L] each
-        if self.track_last:
-            self.lst = self._grow["lst"].array  # [L]
-
-    def __reduce__(self):
-        raise TypeError("a Directory cannot be copied (its columns are views of one record array)")
-
     @property
     def capacity(self) -> int:
         return self.keys.shape[0]
 
     def _arrays(self) -> list[np.ndarray]:
-        return [self.slots, self._free, *(g.array for g in self._grow.values())]
+        return [self.slots, self._free, *(getattr(self, c) for c in self._grow)]
 
     def nbytes(self) -> int:  # bytes allocated (per-lid arrays' untouched spare capacity included)
         return sum(a.nbytes for a in self._arrays()) + self.cache_nbytes()
@@ -545,9 +531,8 @@ class Directory:
         grown = lids > self.capacity
         if grown:
             cap = max(lids, int(self.capacity * 1.25) + 16)
-            for g in self._grow.values():
-                g.grow(cap, self.high)
-            self._bind()
+            for c, g in self._grow.items():
+                setattr(self, c, g.grow(cap, self.high))
         if rows > MAX_LOAD * self.slots.shape[0]:
             self.slots = np.full(_slots_for(rows, REBUILD_LOAD), -1, dtype=np.int32)
             _rebuild(self.keys, self.tabs, self.high, self.slots)

@@ -80,9 +80,11 @@ def _slots_for(rows: int, load: float) -> int:
 
 
 @nb.njit(cache=True, nogil=True)
-def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
-    """A probe costs two cache misses (the slot, then its row's key): the slot of key ``i + 2A`` and the key of
-    ``i + A``'s slot are asked for ahead, so a batch's misses overlap instead of queueing."""
+def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc, home):
+    """The lid of each (key, table) pair (-1: unknown) and, with ``columns``, its fast-tier slot, home tier and
+    home slot through the split (as ``_where``). A probe costs two cache misses (the slot, then its row's key):
+    the slot of pair ``i + 2A`` and the key (and tier byte and position) of ``i + A``'s slot are asked for
+    ahead, so a batch's misses overlap instead of queueing."""
     n = np.uint64(slots.shape[0])
     m = keys.shape[0]
     for i in range(m):
@@ -93,32 +95,9 @@ def _find(keys, tabs, slots, lid_keys, lid_tabs, out):
             if ahead >= 0:
                 prefetch_row(lid_keys, ahead)
                 prefetch_row(lid_tabs, ahead)
-        k = keys[i]
-        t = tabs[i]
-        s = home_slot(key_hash(np.int32(t), k), n)
-        r = slots[s]
-        while r != -1 and not (lid_keys[r] == k and lid_tabs[r] == t):
-            s = s + np.uint64(1)
-            s = np.uint64(0) if s == n else s
-            r = slots[s]
-        out[i] = r
-
-
-@nb.njit(cache=True, nogil=True)
-def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, lids, cslot, loc, home):
-    """``_find`` then ``_where`` in one pass: the row's tier byte and position are asked for ahead with its key."""
-    n = np.uint64(slots.shape[0])
-    m = keys.shape[0]
-    for i in range(m):
-        if i + 2 * AHEAD < m:
-            prefetch_row(slots, home_slot(key_hash(np.int32(tabs[i + 2 * AHEAD]), keys[i + 2 * AHEAD]), n))
-        if i + AHEAD < m:
-            ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
-            if ahead >= 0:
-                prefetch_row(lid_keys, ahead)
-                prefetch_row(lid_tabs, ahead)
-                prefetch_row(tier, ahead)
-                prefetch_row(pos, ahead)
+                if columns:
+                    prefetch_row(tier, ahead)
+                    prefetch_row(pos, ahead)
         k = keys[i]
         t = tabs[i]
         s = home_slot(key_hash(np.int32(t), k), n)
@@ -128,6 +107,8 @@ def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, lids
             s = np.uint64(0) if s == n else s
             r = slots[s]
         lids[i] = r
+        if not columns:
+            continue
         if r < 0:
             cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
             continue
@@ -444,8 +425,9 @@ class Directory:
 
     def find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """lid [N] int64 of each pair, -1 when unknown."""
-        out = np.empty(keys.shape[0], dtype=np.int64)
-        _find(keys, tabs, self.slots, self.keys, self.tabs, out)
+        out, none = np.empty(keys.shape[0], dtype=np.int64), np.empty(0, dtype=np.int64)
+        _probe(keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, False, out,
+               none, none.astype(np.int8), none)
         return out
 
     def probe(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -455,7 +437,8 @@ class Directory:
         n = keys.shape[0]
         lids, cs = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         loc, home = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
-        _probe(keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, lids, cs, loc, home)
+        _probe(keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, True, lids, cs, loc,
+               home)
         return lids, cs, loc, home
 
     def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

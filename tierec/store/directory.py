@@ -107,31 +107,28 @@ def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, colu
             s = np.uint64(0) if s == n else s
             r = slots[s]
         lids[i] = r
-        if not columns:
-            continue
-        if r < 0:
-            cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
-            continue
-        b, p = tier[r], pos[r]
-        if b & _RESIDENT:
-            cslot[i], loc[i], home[i] = p, c_loc[p], c_home[p]
-        else:
-            cslot[i], loc[i], home[i] = -1, b, p
+        if columns:
+            _columns_of(r, i, tier, pos, c_loc, c_home, cslot, loc, home)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _columns_of(r, i, tier, pos, c_loc, c_home, cslot, loc, home):
+    """Entry ``i`` of (fast-tier slot, home tier, home slot) of lid ``r`` (-1: unknown), through the split."""
+    if r < 0:
+        cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
+        return
+    t, p = tier[r], pos[r]
+    if t & _RESIDENT:
+        cslot[i], loc[i], home[i] = p, c_loc[p], c_home[p]
+    else:
+        cslot[i], loc[i], home[i] = -1, t, p
 
 
 @nb.njit(cache=True, nogil=True)
 def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
     """Per lid (-1: unknown): fast-tier slot (-1 when away), home tier and home slot, through the split."""
     for i in range(lids.shape[0]):
-        r = lids[i]
-        if r < 0:
-            cslot[i], loc[i], home[i] = -1, LOC_NONE, -1
-            continue
-        t, p = tier[r], pos[r]
-        if t & _RESIDENT:
-            cslot[i], loc[i], home[i] = p, c_loc[p], c_home[p]
-        else:
-            cslot[i], loc[i], home[i] = -1, t, p
+        _columns_of(lids[i], i, tier, pos, c_loc, c_home, cslot, loc, home)
 
 
 @nb.njit(cache=True, nogil=True)

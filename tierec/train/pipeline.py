@@ -169,9 +169,8 @@ class TrainPipeline:
         """One line on the lookup run ahead in the tiers, or "" when there is none."""
         if self.ahead is None or not self.ahead.bring_up:
             return ""
-        staged = self.store.pipeline is not None and bool(self.store.pipeline.targets)
         return ("store: each next batch's lookup in the tiers runs during the step, which leaves it a core "
-                "(store.lookup_ahead)" + ("; the read-ahead windows are staged on that thread too" if staged else ""))
+                "(store.lookup_ahead)")
 
     @property
     def ahead_pending(self) -> bool:

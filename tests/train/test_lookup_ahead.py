@@ -72,43 +72,6 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path
         assert sa == sb
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_reading_ahead_on_the_look_ahead_thread_changes_no_number(tmp_path: Path, precision: str) -> None:
-    """With store.prefetch too, each window's stage runs on the look-ahead thread (not the step's), and the
-    whole pipeline (reading ahead, lookups ahead) trains as the plain sequential step does."""
-    runs = {}
-    for how in ("sequential", "pipeline"):
-        over = BASE + _tiers(tmp_path / how, precision) + ["store.prefetch=true", "store.prefetch_depth=3"]
-        cfg = load_config(None, over)
-        source = open_source(cfg.data, "train", cfg.train.batch_size)
-        parts = Components.build(cfg, source.feature_names, source.n_dense)
-        group = parts.embeddings.groups[0]
-        staged_on: list[str] = []
-        stage = group.stage
-
-        def counted(*args, stage=stage, staged_on=staged_on, **kw):
-            staged_on.append(threading.current_thread().name)
-            return stage(*args, **kw)
-
-        group.stage = counted
-        batches = list(islice(iter(source), 12))
-        with TrainPipeline(parts, Job(cfg), cfg) as pipe:
-            if how == "pipeline":
-                losses = [s.loss for s in pipe.run(batches)]
-            else:
-                losses = [pipe.step(b) for b in batches]
-        if how == "pipeline":
-            assert staged_on and all(t.startswith("tierec-ahead") for t in staged_on), staged_on
-            assert sum(s["prefetched"] for s in group.stats().values()) > 0  # rows were read ahead, and used
-        else:
-            assert not staged_on
-        runs[how] = (losses, _rows(parts))
-        group.close()
-    (la, ra), (lb, rb) = runs["sequential"], runs["pipeline"]
-    assert la == lb
-    assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
-
-
 def test_a_run_with_checkpoints_resumes_exactly_with_lookups_ahead(tmp_path: Path) -> None:
     """Checkpoints, evaluations and the end are boundaries the pipeline does not look across."""
     import shutil

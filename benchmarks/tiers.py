@@ -170,6 +170,7 @@ class _Runner:
         from tierec.config import load_config
         from tierec.distributed.job import Job
         from tierec.store.monitor import StoreMonitor
+        from tierec.store.pipeline import StorePipeline
         from tierec.train.components import Components
         from tierec.train.pipeline import TrainPipeline
 
@@ -200,7 +201,7 @@ class _Runner:
                 g.disk.drop_page_cache(sync=True)  # the table file starts outside the page cache
         # "disk+prefetch" reads windows of one batch ahead, "disk+prefetch4" of four, ...; "+ahead" looks each
         # next batch up during the step (the trainer's TrainPipeline.step, as in tierec train)
-        self.pipe = self.monitor.pipeline  # "+prefetchN": store.prefetch with windows of N batches; else None
+        self.pipe = StorePipeline([self.parts.embeddings], depth=_depth(mode)) if "+prefetch" in mode else None
         self.train = TrainPipeline(self.parts, Job(cfg), cfg, store=self.monitor)
         self.times: list[float] = []
         self.marks: list[tuple] = []
@@ -221,7 +222,7 @@ class _Runner:
         """Train on ``batches``; when ``timed``, record the wall time of every step (pipeline waits included)."""
         start = self._mark()
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        stream = self.train.stream(iter(batches))  # stage 3 as tierec train runs it
+        stream = self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches)
         t_prev = time.perf_counter()
         for batch, nxt in with_next(stream):
             self.train.step(batch, nxt)

@@ -35,7 +35,6 @@ torch.Size([2, 2, 4])
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -102,11 +101,6 @@ class LookAhead:
     def submit(self, sparse: Any) -> None:
         self.take(None)  # one in flight at most
         self._pending = (sparse, self._pool.submit(self._prepare, sparse))
-
-    def later(self, work: Callable[[], Any]) -> Future:
-        """Run ``work`` on this thread, in order with the batches submitted (the training pipeline's stage 3
-        starts the next window's disk reads here, off the step's thread)."""
-        return self._pool.submit(work)
 
     def take(self, sparse: Any) -> Ahead | None:
         if self._pending is None:

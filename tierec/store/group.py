@@ -287,8 +287,7 @@ class TieredGroup(TableGroup):
     def read_ahead_fill(self) -> tuple[int, int, int | None]:
         """(rows not read ahead so far for want of room, bytes the windows hold now, bytes they may hold; None:
         no bound)."""
-        with self._lock:  # a window may be staging on another thread
-            return self.staging.stats.dropped_rows, self.staging.nbytes(), self.spec.stage_bytes
+        return self.staging.stats.dropped_rows, self.staging.nbytes(), self.spec.stage_bytes
 
     def tier_stores(self) -> list[TieredGroup]:
         return [self]

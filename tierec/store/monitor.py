@@ -18,8 +18,7 @@ to disk; and the pipeline's wait times. With no tiered group it does nothing.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tierec.config import StoreConfig
@@ -65,12 +64,11 @@ class StoreMonitor:
     def for_components(cls, parts: Any, cfg: StoreConfig) -> StoreMonitor:
         return cls([parts.embeddings, parts.wide], cfg)
 
-    def wrap(self, batches: Iterable[Any], run_stage: Callable[[Callable[[], Any]], Future] | None = None) -> Iterator[Any]:
-        """The batch stream, through the prefetch pipeline when it is on (its stages run through ``run_stage``
-        when given: :meth:`StorePipeline.run`)."""
+    def wrap(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """The batch stream, through the prefetch pipeline when it is on."""
         if self.pipeline is None:
             return iter(batches)
-        stream = self.pipeline.run(batches, run_stage)
+        stream = self.pipeline.run(batches)
         self._streams.add(stream)
         return stream
 

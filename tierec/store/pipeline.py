@@ -8,10 +8,8 @@ needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one
 batch pulled ahead of the one it trains). The stage has no thread of
-its own: it runs on the caller's thread between steps, or on a thread the
-caller names (``run``'s ``run_stage``: the training pipeline's look-ahead
-thread, while it looks each next batch up), and the reads wait on the device
-beside the compute. The windows' records have a share of the
+its own: it runs on the caller's thread between steps, and the reads wait on
+the device beside the compute. The windows' records have a share of the
 memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
 (the rest would be read on demand), the next window is half as long, and while
 the windows use less than half of it, twice as long, up to ``depth``: a small
@@ -41,8 +39,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,17 +131,14 @@ class StorePipeline:
         self.stage_s += time.perf_counter() - t0
         return tokens
 
-    def run(self, batches: Iterable[Any], run_stage: Callable[[Callable[[], Any]], Future] | None = None) -> Iterator[Any]:
-        """The batches of ``batches`` in order, the disk reads of the next window running behind each.
-
-        ``run_stage``: where a window's stage runs (its dedupe and probe, and starting its reads): on a thread
-        of the caller's (a function that runs work there and returns its Future), or, when None, here."""
+    def run(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """The batches of ``batches`` in order, the disk reads of the next window running behind each."""
         if not self.targets:
             yield from batches
             return
         source = iter(batches)
         ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
-        windows: deque[tuple[int, Callable[[], list[tuple[Any, int]]]]] = deque()  # (batch after its last, its tokens)
+        windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
 
         def pull(n: int) -> None:
             t0 = time.perf_counter()
@@ -159,13 +153,13 @@ class StorePipeline:
         try:
             while True:
                 while windows and windows[0][0] + HELD <= t:  # its batches are all looked up
-                    self._release(windows.popleft()[1]())
+                    self._release(windows.popleft()[1])
                 while t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
                     pull(start - t + self.window)
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
                         break
-                    windows.append((start + len(window), self._begin(window, start - t + 1, run_stage)))  # t: lookup 1
+                    windows.append((start + len(window), self.stage(window, start - t + 1)))  # batch t: lookup 1
                     start += len(window)
                     self._adapt()
                 pull(1)
@@ -176,16 +170,9 @@ class StorePipeline:
                 yield ahead.popleft()
         finally:
             for _, w in windows:
-                self._release(w())
+                self._release(w)
             for tg in self.targets:
                 tg.group.release_staged()
-
-    def _begin(self, window: list[Any], first: int, run_stage) -> Callable[[], list[tuple[Any, int]]]:
-        """Start a window's stage, here or through ``run_stage``; returns what gives its tokens (waiting for it)."""
-        if run_stage is None:
-            tokens = self.stage(window, first)
-            return lambda: tokens
-        return run_stage(lambda: self.stage(window, first)).result
 
     def _adapt(self) -> None:
         """The next window's length: halved while a window's rows do not fit in the memory the windows have

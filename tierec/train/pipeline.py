@@ -9,9 +9,7 @@ For batch ``t`` the stages are:
    embedding forward has inserted its ids (:class:`~tierec.embedding.ahead.LookAhead`);
 3. **read ahead** the disk rows of the next window of ``k = store.prefetch_depth``
    batches on the disk tier's read-ahead threads (tiered storage with
-   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`; the window's
-   dedupe and probe run on stage 2's thread when it looks batches up, else on the
-   caller's: :meth:`TrainPipeline.stream`), and **bring
+   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), and **bring
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
    with the evictions and write-backs it needs) on stage 2's thread during batch
    ``t``'s step (one process, ``store.lookup_ahead``; the dense step then runs on
@@ -108,7 +106,7 @@ class TrainPipeline:
         cfg = self.cfg
         self._quiet = quiet
         with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
-            stream = self.stream(loader)
+            stream = self.store.wrap(loader)  # stage 3 of the tiers; the look-ahead after it: same order on every rank
             try:
                 for batch, nxt in with_next(stream):  # the next batch is pulled before this one trains
                     t0 = time.perf_counter()
@@ -116,14 +114,6 @@ class TrainPipeline:
                     yield Step(batch, loss, time.perf_counter() - t0)
             finally:
                 self.store.close()  # the store's stage stops before the loader under it is closed
-
-    def stream(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """``batches`` through stage 3 of the tiers (reading ahead): while the next batch's lookup runs on the
-        look-ahead thread, each window's stage (its dedupe, probe and the start of its reads) runs there too,
-        before that lookup, so the step's thread only trains; else on the caller's thread. Same order on
-        every rank."""
-        ahead = self.ahead if self.ahead is not None and self.ahead.bring_up else None
-        return self.store.wrap(batches, ahead.later if ahead is not None else None)
 
     # ------------------------------------------------------------ stage 4
 

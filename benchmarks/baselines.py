@@ -4,8 +4,10 @@ The rows come from :func:`tierec.data.open_source` with the run's data config, s
 the train and test rows, the hashing of categorical values and the dense
 transform are the ones the models saw. Logistic regression (scikit-learn, the
 ``dev`` extra) sees every categorical id one-hot and the dense features scaled;
-its inverse regularisation ``C`` is tuned on the last 20% of the training rows
-(then refit on all of them). Item popularity scores a test row by the smoothed
+its inverse regularisation ``C`` is tuned on a hold-out of 20% of the training
+rows chosen by the run's own split rule (:func:`tuning_split`: the last rows of a
+``tail`` split, the latest by the split column, a hash bucket of a ``hash``
+split), then refit on all of them. Item popularity scores a test row by the smoothed
 click rate of its ``--item`` column's id in the training rows.
 
     python -m benchmarks.baselines --set data.source=../shared/data/criteo/train_head10000.txt \\
@@ -40,8 +42,26 @@ def split_rows(cfg, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tup
     return np.concatenate(dense), np.concatenate(ids), np.concatenate(labels), src.feature_names
 
 
-def logistic_regression(train, test, cs=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0)) -> dict[str, float]:
-    """Test AUC of one-hot logistic regression with C tuned on the training rows' last 20%."""
+def tuning_split(cfg, share: float = 0.2) -> tuple | None:
+    """(fit rows, hold-out rows) for tuning C: ``share`` of the training rows held out by the config's own
+    validation rule (data.validation_fraction), so that a file sorted by something else than its split
+    (a time split of a file sorted by item) holds out what a later test looks like; None for a ``tail``
+    split or a config that has a validation split already (the last rows of the training split are it)."""
+    import dataclasses
+
+    d = cfg.data
+    if d.split == "tail" or d.validation_rows or d.validation_fraction or d.test_source or d.source == "synthetic":
+        return None
+    n_train, n_test = open_source(d, "train", 65536).num_rows, open_source(d, "test", 65536).num_rows
+    if not n_train or n_test is None:
+        return None
+    tuned = dataclasses.replace(cfg, data=dataclasses.replace(d, validation_fraction=share * n_train / (n_train + n_test)))
+    return split_rows(tuned, "train")[:3], split_rows(tuned, "validation")[:3]
+
+
+def logistic_regression(train, test, cs=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0), tuning=None) -> dict[str, float]:
+    """Test AUC of one-hot logistic regression with C tuned on ``tuning`` (fit rows, hold-out rows:
+    :func:`tuning_split`) or, without it, on the training rows' last 20%; refit on all training rows."""
     from scipy import sparse
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
@@ -58,11 +78,14 @@ def logistic_regression(train, test, cs=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0)) -> dic
         parts = [enc.transform(i)] + ([sparse.csr_matrix(scale.transform(d))] if d.shape[1] else [])
         return model.predict_proba(sparse.hstack(parts).tocsr())[:, 1]
 
-    cut = int(len(y) * 0.8)
+    if tuning is None:
+        cut = int(len(y) * 0.8)
+        tuning = ((xd[:cut], xi[:cut], y[:cut]), (xd[cut:], xi[cut:], y[cut:]))
+    (fd, fi, fy), (vd, vi, vy) = tuning
     tuned = {}
     for c in cs:
-        m = fit(xd[:cut], xi[:cut], y[:cut], c)
-        tuned[c] = auc(_t(score(m, xd[cut:], xi[cut:])), _t(y[cut:]))
+        m = fit(fd, fi, fy, c)
+        tuned[c] = auc(_t(score(m, vd, vi)), _t(vy))
     best_c = max(tuned, key=lambda c: tuned[c])
     m = fit(xd, xi, y, best_c)
     return {"auc": auc(_t(score(m, td, ti)), _t(ty)), "C": best_c}
@@ -96,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     train, test = split_rows(cfg, "train"), split_rows(cfg, "test")
     names = train[3]
     column = names.index(a.item) if a.item else 0
-    lr = logistic_regression(train[:3], test[:3])
+    lr = logistic_regression(train[:3], test[:3], tuning=tuning_split(cfg))
     out = {
         "train_rows": int(len(train[2])),
         "test_rows": int(len(test[2])),

@@ -7,8 +7,10 @@ size-chosen defaults apply). On exactly the split that schema gives (the same ro
 hashed ids and sampled negatives the models saw: ``benchmarks.baselines.split_rows``)
 it fits the two baselines:
 
-* logistic regression, one-hot ids (and scaled dense columns), C tuned on the last
-  20% of the training rows (``benchmarks.baselines.logistic_regression``) over a
+* logistic regression, one-hot ids (and scaled dense columns), C tuned on 20% of
+  the training rows held out by the schema's split rule (``benchmarks.baselines.tuning_split``:
+  the latest by time for a time split, a hash bucket for a hash split, the last rows of a
+  tail split; ``benchmarks.baselines.logistic_regression``) over a
   wider grid than its default (``CS``, 0.001-30: on the MovieLens part the default
   grid picked its top, 3, and on the Amazon head its bottom, 0.01);
 * item popularity, two ways: the smoothed positive rate of the item's id in the
@@ -50,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.baselines import item_popularity, logistic_regression, split_rows
+from benchmarks.baselines import item_popularity, logistic_regression, split_rows, tuning_split
 from tierec.config import load_config
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -104,7 +106,7 @@ def baselines(schema: Path, item: str) -> dict:
     item = cfg.data.item_column or item
     tr, te = split_rows(cfg, "train"), split_rows(cfg, "test")
     column = tr[3].index(item)
-    lr = logistic_regression(tr[:3], te[:3], cs=CS)
+    lr = logistic_regression(tr[:3], te[:3], cs=CS, tuning=tuning_split(cfg))
     rate = item_popularity(tr[:3], te[:3], column=column)
     (_, xi, y, _), (_, ti, ty, _) = tr, te
     keys, counts = np.unique(xi[y == 1, column], return_counts=True)

@@ -39,3 +39,25 @@ def test_inspected_schema_trains_as_measured(name: str, tmp_path: Path) -> None:
         assert cfg.data.split == "column" and cfg.data.schema.label_threshold == 4 and cfg.data.negatives == 0
     else:  # implicit: sampled negatives for the user and item columns
         assert cfg.data.negatives == 2 and cfg.data.item_column == {"frappe": "item", "lastfm": "artistID"}[name]
+
+
+def test_lr_tunes_c_on_the_split_rules_hold_out(tmp_path: Path) -> None:
+    """A time split of a file sorted by item: C is tuned on the latest training rows by time (not the file's
+    last rows), the rows refit on are the training split's, and a tail split keeps its last rows."""
+    import numpy as np
+
+    from benchmarks.baselines import split_rows, tuning_split
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    items, times = np.sort(rng.integers(0, 40, n)), rng.permutation(n)  # sorted by item, time shuffled
+    path = tmp_path / "log.csv"
+    path.write_text("y,item,t\n" + "".join(f"{int(rng.random() < 0.4)},i{i},{t}\n" for i, t in zip(items, times)))
+    over = [f"data.source={path}", 'data.schema.label="y"', 'data.schema.categorical=["item"]', 'data.schema.dense=["t"]',
+            'data.split="column"', 'data.split_column="t"', "data.test_fraction=0.2"]
+    cfg = load_config(None, over)
+    fit, hold = tuning_split(cfg)
+    train = split_rows(cfg, "train")
+    assert len(fit[2]) + len(hold[2]) == len(train[2]) == 1600 and abs(len(hold[2]) - 320) <= 2
+    assert fit[0][:, 0].max() < hold[0][:, 0].min()  # the hold-out is the latest by time (the raw t column)
+    assert tuning_split(load_config(None, over[:-3] + ['data.split="tail"'])) is None

@@ -27,12 +27,20 @@ def _env(*prepend: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*prepend, str(REPO)])}
 
 
+def _hangup_as_on_a_terminal() -> None:
+    """In the child: SIGHUP's default action, even when the tests run under nohup (an ignored SIGHUP is
+    inherited, and tierec keeps it ignored, as it should for a run started with nohup)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(run: Path, *args: str, nproc: int = 2, **popen) -> subprocess.Popen:
-    """`tierec train` as a program; returns once the run directory is claimed (rank 0 holds the lock)."""
+    """`tierec train` as a program started from a terminal; returns once the run directory is claimed (rank 0
+    holds the lock)."""
     cmd = [sys.executable, "-m", "tierec", "train", "--run-dir", str(run), "--no-progress", *args]
     if nproc > 1:
         cmd[4:4] = ["--nproc", str(nproc)]
     popen.setdefault("stderr", subprocess.PIPE)
+    popen.setdefault("preexec_fn", _hangup_as_on_a_terminal)
     proc = subprocess.Popen(cmd, env=_env(), stdout=popen.pop("stdout", subprocess.DEVNULL), text=True, **popen)
     deadline = time.monotonic() + 120
     while not (run / ".tierec.lock").exists():

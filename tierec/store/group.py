@@ -68,6 +68,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tierec.config import ColdPrecision
 from tierec.embedding.group import TableGroup
 from tierec.embedding.table import TableConfig
 from tierec.store.admission import Admission
@@ -82,7 +83,6 @@ from tierec.store.policies import HotnessPass
 from tierec.store.staging import Staging
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
-from tierec.config import ColdPrecision
 from tierec.store.spec import Counter, TierSpec
 
 class CacheCapacityError(RuntimeError):
@@ -206,8 +206,9 @@ class TieredGroup(TableGroup):
         """The training lookup of the batch after the one whose step is computing, run during that step (the
         training pipeline's stage 3), or None when it has to wait for the step: a hotness pass is due at
         it (the pass may delete rows, the computing batch's among them). Safe beside the step: the
-        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None, as it does when the
-        two batches' rows might not fit in the fast tier together) and the step writes only them; the rows and numbers are those of :meth:`lookup` after the step."""
+        computing batch's rows stay pinned (``spec.in_flight`` = 2; else this returns None, as it does when
+        the two batches' rows might not fit in the fast tier together) and the step writes only them; the
+        rows and numbers are those of :meth:`lookup` after the step."""
         with self._lock:
             if self.spec.in_flight < 2 or (self.train_steps + 1) % self.spec.interval == 0:
                 return None

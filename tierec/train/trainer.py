@@ -243,8 +243,9 @@ class Trainer:
         eval_split = "validation" if has_validation(cfg.data) else "test"
         done = pos.step >= end
         self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
-        if pipe.describe() and self.job.is_main:
-            say(pipe.describe())
+        line = pipe.describe()
+        if line and self.job.is_main:
+            say(line)
         while not done:
             source = passes.source(pos.epoch, pos.batch_in_epoch, pos.step)
             if source is None:  # a stop was asked for while a followed directory had no new file

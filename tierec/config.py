@@ -379,7 +379,7 @@ COMPRESS_CODECS = ("none", "fp16", "bf16", "int8")
 class DistConfig:
     """Multi-process training on torch.distributed (launched by torchrun); see docs/distributed.md."""
 
-    backend: str = "auto"  # auto = nccl on GPU, gloo on CPU
+    backend: str = "auto"  # auto = nccl with a GPU per process, gloo on CPU or where processes share a GPU
     # Seconds a collective may wait for a peer; a lost rank is reported within about this.
     timeout_s: float = 300.0
     heartbeat_s: float = 1.0  # liveness beat into the rendezvous store, read when a collective fails

@@ -9,8 +9,8 @@ from tierec.distributed.config_check import check_job_config
 
 
 @pytest.mark.parametrize("overrides, says", [
-    (["dist.backend=nccl"], "dist.backend"),  # NCCL needs CUDA tensors; several processes run on the CPU
-    (["train.device=cuda"], "train.device"),
+    (["dist.backend=nccl"], "dist.backend"),  # NCCL needs CUDA
+    (["train.device=cuda:1"], "train.device"),  # each process takes the GPU of its local rank
 ])
 def test_refused_before_any_rank(overrides: list[str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
@@ -19,6 +19,7 @@ def test_refused_before_any_rank(overrides: list[str], says: str) -> None:
 
 def test_the_defaults_pass() -> None:
     check_job_config(load_config(None), 2)
+    check_job_config(load_config(None, ["train.device=cuda"]), 2)  # a GPU per process (or shared, on gloo)
 
 
 def test_hot_rows_with_pruning_pass() -> None:  # a replica keeps each row's own dims (test_hot_pruned.py)

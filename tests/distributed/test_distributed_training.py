@@ -57,7 +57,7 @@ def test_cli_nproc_with_hot_rows_matches_one_process(tmp_path: Path, capsys) -> 
     assert main(args) == 0
     compare_runs(tmp_path / "ref", tmp_path / "two")
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
-    assert summary["world_size"] == 2
+    assert summary["world_size"] == 2 and summary["backend"] == "gloo"  # CPU processes: gloo
     # eval and predict on one process from the sharded checkpoint
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "two" / "checkpoints")]) == 0

@@ -2,8 +2,8 @@
 
 ``check_job_config`` refuses, before any process starts (``tierec train --nproc N``
 calls it in the launcher) and again on every rank, what a job of W processes
-cannot run: a ``dist.group_size`` that does not divide W, a device other than
-the CPU, ``dist.backend = "nccl"``; one line naming the keys.
+cannot run: a ``dist.group_size`` that does not divide W, ``dist.backend =
+"nccl"`` without CUDA, one GPU named for all processes; one line naming the keys.
 
 Each rank hashes its resolved config (``RANK_SPECIFIC`` keys aside); the hashes
 are all-gathered, and on a mismatch the configs themselves, so that every rank
@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tierec.config import Config, ConfigError, first_difference, flatten_dict, to_dict
+from tierec.distributed.backends import Backends
 from tierec.distributed.mesh_shape import check_mesh
 
 # Keys that may differ between ranks: what is printed and the local thread count.
@@ -44,15 +45,11 @@ def _comparable(cfg: Config) -> dict[str, Any]:
 def check_job_config(cfg: Config, world_size: int) -> None:
     """Raise ConfigError for what a job of ``world_size`` processes cannot run (no process group needed)."""
     check_mesh(cfg.dist, world_size)
-    device = cfg.train.device.split(":")[0]
-    # backends.Backends already picks NCCL for the dense gradients and the row exchange on CUDA, but the
-    # sharded collection still moves rows and row gradients as host tensors: refused until they live on
-    # the device (issue 26), rather than failing in the first all-to-all.
-    if device != "cpu":
-        raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {cfg.train.device}")
-    if cfg.dist.backend == "nccl":
-        raise ConfigError("dist.backend = \"nccl\" needs CUDA tensors, and several processes run on the CPU for now: "
-                          "use \"auto\" or \"gloo\"")
+    device = cfg.train.device
+    if device.startswith("cuda:"):
+        raise ConfigError(f"train.device = {device!r} names one GPU; with several processes use \"cuda\" "
+                          "(local rank r takes GPU r, processes share GPUs where there are fewer)")
+    Backends.resolve(cfg.dist.backend, device)  # NCCL without CUDA: refused here
 
 
 def config_hash(cfg: Config) -> str:

@@ -12,8 +12,9 @@ second one (``sparse_group``, gloo: ids stay on the host) the embedding
 all-to-alls, so that a sparse exchange issued asynchronously never has to be
 ordered against DDP's buckets. On CUDA a third (``rows_group``, NCCL) is made
 for the rows and row gradients (``backends.Backends``); elsewhere they share
-``sparse_group``. A ``DistContext`` is one set of ranks; the job's arrangement
-into groups is ``layout.Layout``, built on it.
+``sparse_group``. On CUDA local rank r uses GPU ``r % torch.cuda.device_count()``.
+A ``DistContext`` is one set of ranks; the job's arrangement into groups is
+``layout.Layout``, built on it.
 
 >>> from tierec.distributed.context import DistContext
 >>> ctx = DistContext.single()
@@ -106,10 +107,13 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     check_mesh(cfg, world)
     dev = torch.device(device)
-    if dev.type == "cuda":
-        dev = torch.device("cuda", local_rank)
+    shared_gpu = False
+    if dev.type == "cuda":  # a GPU per local process; where there are fewer, processes share them (gloo then)
+        gpus = torch.cuda.device_count()
+        shared_gpu = local_world > gpus
+        dev = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(dev)
-    backends = Backends.resolve(cfg.backend, dev)
+    backends = Backends.resolve(cfg.backend, dev, shared_gpu=shared_gpu)
     timeout = timedelta(seconds=cfg.timeout_s)
     store = _job_store(rank, world, timeout)
     dist.init_process_group(backends.dense, store=store, rank=rank, world_size=world, timeout=timeout)

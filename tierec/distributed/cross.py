@@ -35,7 +35,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tierec.distributed.codecs import Codec, DenseResiduals, RowResiduals, decode_flat, encode_flat
-from tierec.distributed.exchange import Traffic, all_to_all
+from tierec.distributed.exchange import Traffic
+from tierec.distributed import wire
+from tierec.distributed.wire import all_to_all
 from tierec.embedding.hash_index import Deduper
 
 _KEY_BYTES = 12  # int64 id + int32 table in front of each row's payload
@@ -49,11 +51,11 @@ def _pack(keys: np.ndarray, tabs: np.ndarray, payload: Tensor) -> Tensor:  # -> 
     return torch.cat([torch.from_numpy(k), torch.from_numpy(t), payload], 1)
 
 
-def _unpack(wire: Tensor) -> tuple[np.ndarray, np.ndarray, Tensor]:
-    raw = wire.numpy()
+def _unpack(packed: Tensor) -> tuple[np.ndarray, np.ndarray, Tensor]:
+    raw = packed.numpy()
     keys = np.ascontiguousarray(raw[:, :8]).view(np.int64).reshape(-1)
     tabs = np.ascontiguousarray(raw[:, 8:12]).view(np.int32).reshape(-1)
-    return keys, tabs, wire[:, _KEY_BYTES:]
+    return keys, tabs, packed[:, _KEY_BYTES:]
 
 
 def replica_sum_rows(
@@ -72,20 +74,18 @@ def replica_sum_rows(
         payload = residuals.encode(c, keys, tabs, values)
     else:
         payload = c.encode(values)
-    wire = _pack(keys, tabs, payload)  # [N, 12 + P]
+    packed = _pack(keys, tabs, payload)  # [N, 12 + P]
     if group is None:
-        recv, counts = wire, [wire.shape[0]]
+        recv, counts = packed, [packed.shape[0]]
     else:
         t0 = time.perf_counter()
         r, me = dist.get_world_size(group), dist.get_rank(group)
-        n = torch.tensor([wire.shape[0]], dtype=torch.int64)
-        every = [torch.empty(1, dtype=torch.int64) for _ in range(r)]
-        dist.all_gather(every, n, group=group)
-        counts = [int(x) for x in every]
-        send = wire.repeat(r, 1)  # the same rows to every replica, itself included
-        recv = all_to_all(send, [wire.shape[0]] * r, counts, group).out
+        n = torch.tensor([packed.shape[0]], dtype=torch.int64)
+        counts = wire.all_gather_single(torch.empty(r, dtype=torch.int64), n, group).tolist()
+        send = packed.repeat(r, 1)  # the same rows to every replica, itself included
+        recv = all_to_all(send, [packed.shape[0]] * r, counts, group).out
         if traffic is not None:
-            traffic.add(CROSS + kind, (r - 1) * (wire.numel() + 8), time.perf_counter() - t0)
+            traffic.add(CROSS + kind, (r - 1) * (packed.numel() + 8), time.perf_counter() - t0)
     all_keys, all_tabs, all_payload = _unpack(recv)
     decoded = c.decode(all_payload, dim)  # [M, D], replica order
     ukeys, utabs, inverse = Deduper()(all_keys, all_tabs)
@@ -102,23 +102,24 @@ def replica_sum_dense(
     traffic: Traffic | None = None,
     kind: str = "dense",
 ) -> Tensor:
-    """The sum over replicas of ``flat`` [n] (the same on every replica)."""
+    """The sum over replicas of ``flat`` [n] (the same on every replica), on ``flat``'s device."""
     if group is None:
         return flat.clone()
+    home, flat = flat.device, flat.cpu()  # the codecs and their residuals live on the host
     r = dist.get_world_size(group)
     t0 = time.perf_counter()
     if not c.lossy:
         out = flat.detach().float().clone()
-        dist.all_reduce(out, group=group)
+        wire.all_reduce(out, group)
         sent = 2 * (r - 1) * out.numel() * 4 // r  # a ring all-reduce
     else:
         payload = residuals.encode(key, c, flat) if residuals is not None else encode_flat(c, flat)
-        every = [torch.empty_like(payload) for _ in range(r)]
-        dist.all_gather(every, payload, group=group)
+        every = wire.all_gather_single(payload.new_empty((r * payload.shape[0], *payload.shape[1:])), payload,
+                                       group).chunk(r)
         out = torch.zeros(flat.numel())
         for p in every:  # replica order: every replica adds the same numbers in the same order
             out += decode_flat(c, p, flat.numel())
         sent = (r - 1) * payload.numel()
     if traffic is not None:
         traffic.add(CROSS + kind, sent, time.perf_counter() - t0)
-    return out
+    return out.to(home)

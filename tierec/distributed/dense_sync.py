@@ -38,6 +38,7 @@ from tierec.distributed.codecs import Codec, DenseResiduals
 from tierec.distributed.cross import replica_sum_dense
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.layout import Layout
+from tierec.distributed import wire
 
 
 @dataclass
@@ -57,18 +58,17 @@ def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.future
     g, s, n = h.shape.group_size, h.shard, buf.numel()
     t0 = time.perf_counter()
     if g > 1:  # 1. inside the group
-        dist.all_reduce(buf, group=h.shard_group)
+        wire.all_reduce(buf, h.shard_group)
         traffic.add("dense", 2 * (g - 1) * n * 4 // g, time.perf_counter() - t0)
     size = -(-n // g)
     mine = buf[s * size : (s + 1) * size]
     part = replica_sum_dense(mine, state.codec, state.residuals, (bucket.index(), s), h.replica_group, traffic)  # 2.
     t0 = time.perf_counter()
     if g > 1:  # 3. the parts back inside the group
-        padded = torch.zeros(size, dtype=buf.dtype)
+        padded = torch.zeros(size, dtype=buf.dtype, device=buf.device)
         padded[: part.numel()] = part
-        parts = [torch.empty(size, dtype=buf.dtype) for _ in range(g)]
-        dist.all_gather(parts, padded, group=h.shard_group)
-        buf.copy_(torch.cat(parts)[:n])
+        every = torch.empty(g * size, dtype=buf.dtype, device=buf.device)
+        buf.copy_(wire.all_gather_single(every, padded, h.shard_group)[:n])
         traffic.add("dense", (g - 1) * size * 4, time.perf_counter() - t0)
     else:
         buf.copy_(part)
@@ -90,11 +90,12 @@ class DenseAverager:
         self.residuals = DenseResiduals()
         if group is not None:  # every replica starts from replica 0's parameters
             for p in self.params:
-                dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
+                wire.broadcast(p.data, dist.get_global_rank(group, 0), group)
         self.anchor = self._flat()  # [n] the parameters at the last sync, the same on every replica
 
     def _flat(self) -> Tensor:
-        return torch.cat([p.detach().reshape(-1).float() for p in self.params]) if self.params else torch.zeros(0)
+        # on the host, where the codecs and their residuals are (the parameters may be on a GPU)
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params]) if self.params else torch.zeros(0)
 
     def reanchor(self) -> None:
         """The parameters as they are now are the last synced ones (after a checkpoint is loaded on every replica)."""

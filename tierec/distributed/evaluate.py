@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from tierec.config import Config
 from tierec.data import BackgroundLoader, Dataset, open_dataset
 from tierec.distributed.context import DistContext
 from tierec.distributed.data import slice_batch, slice_bounds
+from tierec.distributed import wire
 
 
 def evaluate_sharded(
@@ -55,7 +55,7 @@ def gather_slices(mine: torch.Tensor, total: int, ctx: DistContext) -> torch.Ten
     padded = torch.zeros(size, dtype=mine.dtype)
     padded[: mine.shape[0]] = mine
     every = torch.empty(ctx.world_size * size, dtype=mine.dtype)
-    dist.all_gather_single(every, padded, group=ctx.dense_group)
+    wire.all_gather_single(every, padded, ctx.dense_group)
     parts = []
     for r in range(ctx.world_size):
         lo, hi = slice_bounds(total, ctx.world_size, r)

@@ -1,4 +1,4 @@
-"""Row ownership and the variable-size all-to-alls that move ids, rows and gradients.
+"""Row ownership and the traffic of the exchanges that move ids, rows and gradients (``wire.all_to_all``).
 
 Every (table, id) has one owner rank, a hash of the pair built on the engine's
 ``key_hash`` (so it never depends on insertion order, process or run). The
@@ -19,14 +19,10 @@ True
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
-import torch
-import torch.distributed as dist
-from torch import Tensor
 
 from tierec.embedding.kernels import key_hash, mix64
 
@@ -97,36 +93,3 @@ class Traffic:
 def off_rank_bytes(splits: list[int], rank: int, row_bytes: int) -> int:
     """Bytes of an all-to-all that leave this rank (``splits`` rows per destination)."""
     return (sum(splits) - splits[rank]) * row_bytes
-
-
-class Exchange:
-    """One all-to-all on a group, possibly in flight: ``wait()`` returns the output."""
-
-    def __init__(self, out: Tensor, handle: dist.Work | None) -> None:
-        self.out = out
-        self._handle = handle
-
-    def wait(self, traffic: Traffic | None = None, kind: str = "") -> Tensor:
-        if self._handle is not None:
-            t0 = time.perf_counter()
-            self._handle.wait()
-            self._handle = None
-            if traffic is not None:
-                traffic.add(kind, seconds=time.perf_counter() - t0)
-        return self.out
-
-
-def all_to_all(
-    send: Tensor,  # [sum(send_splits), ...]
-    send_splits: list[int],
-    recv_splits: list[int],
-    group: dist.ProcessGroup | None,
-    *,
-    async_op: bool = False,
-) -> Exchange:
-    """``all_to_all_single`` with row splits; one process returns ``send`` itself."""
-    if group is None:
-        return Exchange(send, None)
-    out = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype)
-    handle = dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=group, async_op=async_op)
-    return Exchange(out, handle if async_op else None)

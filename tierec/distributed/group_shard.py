@@ -41,7 +41,8 @@ from torch import Tensor
 
 from tierec.config import DistConfig
 from tierec.distributed.context import DistContext
-from tierec.distributed.exchange import Exchange, Ownership, Traffic, all_to_all, off_rank_bytes
+from tierec.distributed.exchange import Ownership, Traffic, off_rank_bytes
+from tierec.distributed.wire import Exchange, all_to_all
 from tierec.distributed.hot import HotPolicy
 from tierec.distributed.reducers import ExactSum, GradientReducer
 from tierec.embedding.hash_index import Deduper

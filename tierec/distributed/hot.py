@@ -56,13 +56,13 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from tierec.config import DistConfig, OptimizerKind
 from tierec.distributed.context import DistContext
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.row_copy import RowCopy
+from tierec.distributed import wire
 from tierec.embedding.hash_index import Deduper, HashIndex
 from tierec.embedding.storage import RowStorage
 
@@ -202,7 +202,7 @@ class HotReplica:
             buf[r, d] = torch.from_numpy(np.asarray(accesses, dtype=np.float32)) if accesses is not None else 1.0
         if self.scope.is_distributed:
             t0 = time.perf_counter()
-            dist.all_reduce(buf, group=self.scope.sparse_group)
+            wire.all_reduce(buf, self.scope.sparse_group)
             w = self.scope.world_size
             self.traffic.add("hot", 2 * (w - 1) * buf.numel() * 4 // w, time.perf_counter() - t0)
         if flag:
@@ -210,11 +210,12 @@ class HotReplica:
             self._before_update(touched)
             summed = buf.index_select(0, touched)
             acc = summed[:, d].numpy().copy() if counted else None
-            self.group.update(touched, summed[:, :d].contiguous(), accesses=acc)
+            dev = self.group.device
+            self.group.update(touched.to(dev), summed[:, :d].to(dev).contiguous(), accesses=acc)
         else:
             if self.before_update is not None:  # a zero gradient leaves a row as it is: the others change
                 self._before_update(torch.nonzero(buf.abs().sum(1) > 0).squeeze(1))
-            self.group.update(torch.arange(h), buf)
+            self.group.update(torch.arange(h, device=self.group.device), buf.to(self.group.device))
 
     def _before_update(self, rows: Tensor) -> None:
         if self.before_update is not None and rows.numel():
@@ -258,12 +259,12 @@ class HotReplica:
         every = torch.from_numpy(packed)
         if ctx.is_distributed:  # 1. how many each rank proposes, 2. the proposals, padded to the longest
             sizes = torch.empty(ctx.world_size, dtype=torch.int64)
-            dist.all_gather_single(sizes, torch.tensor([packed.shape[0]], dtype=torch.int64), group=ctx.sparse_group)
+            wire.all_gather_single(sizes, torch.tensor([packed.shape[0]], dtype=torch.int64), ctx.sparse_group)
             m = int(sizes.max())
             mine = torch.full((m, 2), -1, dtype=torch.int64)
             mine[: packed.shape[0]] = every
             every = torch.empty(ctx.world_size * m, 2, dtype=torch.int64)
-            dist.all_gather_single(every, mine, group=ctx.sparse_group)
+            wire.all_gather_single(every, mine, ctx.sparse_group)
             self.traffic.add("refresh", (ctx.world_size - 1) * (8 + mine.numel() * 8))
         e = every.numpy()
         e = e[e[:, 1] >= 0]
@@ -326,7 +327,7 @@ class HotReplica:
             every = send.unsqueeze(0)  # [1, m, width + 1]
         else:
             every = torch.empty(ctx.world_size * m, width + 1)
-            dist.all_gather_single(every, send, group=ctx.sparse_group)
+            wire.all_gather_single(every, send, ctx.sparse_group)
             self.traffic.add("refresh", (ctx.world_size - 1) * send.numel() * 4)
             every = every.view(ctx.world_size, m, width + 1)
         out = torch.zeros(keys.shape[0], width + 1)

@@ -40,6 +40,7 @@ from tierec.distributed.context import DistContext
 from tierec.distributed.data import loss_scale, slice_batch
 from tierec.distributed.layout import Layout
 from tierec.distributed.parallelize import check_job, for_process, parallelize, sharded_collections
+from tierec.distributed import wire
 
 FAIL_ENV = "TIEREC_TEST_FAIL_AT"  # "rank:step": that rank exits abruptly before that step (fault tests)
 
@@ -138,7 +139,7 @@ class Job:
 
     def local(self, batch: Batch) -> Batch:
         """This process's slice of the global ``batch``, its dense values on the device (ids on the host)."""
-        return slice_batch(batch, self.ctx.world_size, self.ctx.rank).to(self.cfg.train.device)
+        return slice_batch(batch, self.ctx.world_size, self.ctx.rank).to(self.ctx.device)
 
     def loss_scale(self, batch: Batch) -> float:
         """Multiply the slice's summed loss by this (1/B on one process: the batch mean)."""
@@ -148,7 +149,7 @@ class Job:
         """The global batch's mean loss, from this slice's summed loss (the same on every rank)."""
         total = loss_sum.detach().reshape(1).clone()
         if self.distributed:
-            dist.all_reduce(total, group=self.ctx.dense_group)
+            wire.all_reduce(total, self.ctx.dense_group)
         return float(total) / batch.size
 
     def agree_max(self, value: int) -> int:
@@ -156,7 +157,7 @@ class Job:
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctx.dense_group)
+        wire.all_reduce(t, self.ctx.dense_group, dist.ReduceOp.MAX)
         return int(t)
 
     def gather_ints(self, value: int) -> list[int]:
@@ -165,7 +166,7 @@ class Job:
             return [value]
         t = torch.zeros(self.ctx.world_size, dtype=torch.int64)
         t[self.ctx.rank] = value
-        dist.all_reduce(t, group=self.ctx.dense_group)
+        wire.all_reduce(t, self.ctx.dense_group)
         return [int(v) for v in t]
 
     # ------------------------------------------------------------ reports
@@ -186,8 +187,9 @@ class Job:
         if not self.distributed:
             return {"embedding_rows": parts.embedding_rows(), "embedding_bytes": parts.embedding_bytes()}
         t = torch.tensor([parts.embedding_rows(), parts.embedding_bytes()], dtype=torch.int64)
-        dist.all_reduce(t, group=self.shard_ctx.dense_group)
-        out = {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size}
+        wire.all_reduce(t, self.shard_ctx.dense_group)
+        out = {"embedding_rows": int(t[0]), "embedding_bytes": int(t[1]), "world_size": self.ctx.world_size,
+               "backend": dist.get_backend(self.ctx.dense_group)}  # the dense gradients' (gloo or nccl)
         if self.mesh is not None:
             out["replicas"] = self.parallel.shape.replicas
         return out

@@ -21,10 +21,8 @@ Backends (``backends.Backends``): gloo carries the ids, which stay on the host,
 always; the dense gradients and the row exchange use NCCL when the device is
 CUDA (``dist.backend = "auto"``), gloo otherwise. ``init_distributed`` creates
 the job's groups with these backends and ``Layout.build`` the mesh's.
-Several processes on CUDA are still refused before any group exists
-(``config_check.check_job_config``): the row exchanges move host tensors
-today, so an NCCL row group is the code path a GPU job will take, not one
-that runs yet.
+Collectives go through ``wire``, which copies a tensor to its group's device
+(the GPU for NCCL, the host for gloo) and the result back.
 
 >>> from tierec.distributed.context import DistContext
 >>> from tierec.distributed.layout import Layout
@@ -71,7 +69,9 @@ class Layout:
             return Layout(job=job, shape=shape, group=job)
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(job.device.type, (shape.replicas, shape.group_size), mesh_dim_names=MESH_DIMS)
+        # the mesh's groups take the job's dense backend: NCCL ("cuda") where each process has a GPU, else gloo
+        mesh_device = "cuda" if dist.get_backend(job.dense_group) == "nccl" else "cpu"
+        mesh = init_device_mesh(mesh_device, (shape.replicas, shape.group_size), mesh_dim_names=MESH_DIMS)
         # the group's id exchanges on gloo, and its rows on the job's row backend when that differs (NCCL on CUDA)
         rows_backend = dist.get_backend(job.rows_group) if job.rows_group is not None else None
         sparse = rows = None

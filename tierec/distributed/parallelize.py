@@ -45,12 +45,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tierec.config import Config, ConfigError
+from tierec.config import Config
 from tierec.distributed.config_check import check_job_config
 from tierec.distributed.context import DistContext
 from tierec.distributed.hierarchical import Hierarchical
 from tierec.distributed.layout import Layout
 from tierec.distributed.sharded import ShardedEmbeddingCollection
+from tierec.distributed import wire
 
 
 def process_dir(path: str, ctx: DistContext) -> str:
@@ -72,8 +73,6 @@ def for_process(cfg: Config, ctx: DistContext) -> Config:
 
 def check_job(cfg: Config, ctx: DistContext) -> None:
     """Refuse what a job of several processes cannot run (one line naming the keys)."""
-    if ctx.device.type != "cpu":
-        raise ConfigError(f"train.device: distributed training runs on the CPU (gloo) for now, not on {ctx.device}")
     check_job_config(cfg, ctx.world_size)
 
 
@@ -86,12 +85,12 @@ class JobSums:
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(values).copy())
-        dist.all_reduce(t, group=self.ctx.dense_group)
+        wire.all_reduce(t, self.ctx.dense_group)
         return t.numpy()
 
     def min(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctx.dense_group)
+        wire.all_reduce(t, self.ctx.dense_group, dist.ReduceOp.MIN)
         return float(t)
 
 
@@ -110,7 +109,8 @@ def parallelize(parts: Any, layout: Layout, cfg: Config) -> tuple[Any, Hierarchi
         return _made_parallel(parts, mesh.shard_collection, mesh.wrap_dense, JobSums(layout.group)), mesh
 
     def ddp(model: nn.Module) -> nn.Module:
-        return DistributedDataParallel(model, process_group=ctx.dense_group, forward_sync_buffers=False)
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None  # the model is on this process's GPU
+        return DistributedDataParallel(model, device_ids=ids, process_group=ctx.dense_group, forward_sync_buffers=False)
 
     return _made_parallel(parts, lambda coll: ShardedEmbeddingCollection(coll, ctx, cfg.dist), ddp, JobSums(ctx)), None
 

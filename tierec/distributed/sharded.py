@@ -19,7 +19,8 @@ whose exchange is split into named steps. Per batch and table group:
 3. output distribution: all-to-all #2 sends the rows back, merged with the hot
    rows into the batch's unique rows;
 4. the requester pools from them with the engine's fused kernel
-   (``pool_forward`` over ``[U, D]`` rows);
+   (``pool_forward`` over ``[U, D]`` rows, on the host) and hands the pooled
+   output to the model's device (``ctx.device``; a GPU copy is non-blocking);
 5. gradient distribution (backward): ``pool_backward`` gives the ``[U, D]``
    gradient, divided by the reducer's divisor (the world size W: each rank's
    loss is scaled by W so that DDP's average is the global mean); all-to-all #3
@@ -61,6 +62,7 @@ from tierec.distributed.exchange import Traffic
 from tierec.distributed.group_shard import GroupShard, IdRequest, Served, Sharding
 from tierec.distributed.hot import HotPolicy
 from tierec.distributed.reducers import ExactSum, GradientReducer
+from tierec.device import resolve_device, to_device
 from tierec.embedding.changes import RowChanges
 from tierec.embedding.collection import EmbeddingCollection
 from tierec.embedding.plan import group_inputs, select_features
@@ -150,6 +152,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.shards = [GroupShard(p, self.sharding, self.traffic, counts_steps=i == 0) for i, p in enumerate(local.plans)]
         self._posted: deque[PreparedExchange] = deque()  # exchanges started and not yet used, in posting order
         self._anchor = torch.zeros((), requires_grad=True)
+        self._device = resolve_device(ctx.device)  # the model's: pooled outputs go there
 
     @classmethod
     def build(
@@ -248,14 +251,20 @@ class ShardedEmbeddingCollection(nn.Module):
         outs = self._forward_groups(sparse, prepared)
         plans = [s.plan for s in self.shards]
         if len(outs) == 1 and plans[0].features == tuple(range(len(self.feature_names))):
-            return outs[0]
+            return self._to_model(outs[0])
         order = [f for plan in plans for f in plan.features]
         perm = torch.from_numpy(np.argsort(order))
-        return torch.cat(outs, dim=1).index_select(1, perm)
+        return self._to_model(torch.cat(outs, dim=1).index_select(1, perm))
+
+    def _to_model(self, pooled: Tensor) -> Tensor:
+        """A pooled output (pooled on the host from the exchanged rows) on the model's device; its gradient
+        comes back to the host for the owners."""
+        return to_device(pooled, self._device)
 
     def pooled_by_feature(self, sparse: SparseFeatures, prepared: PreparedExchange | None = None) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         for shard, pooled in zip(self.shards, self._forward_groups(sparse, prepared)):
+            pooled = self._to_model(pooled)
             for i, f in enumerate(shard.plan.features):
                 out[self.feature_names[f]] = pooled[:, i]
         return out

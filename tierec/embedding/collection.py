@@ -36,6 +36,7 @@ from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
+from tierec.embedding.storage import records_by_ids
 from tierec.embedding.table import TableConfig
 
 
@@ -241,16 +242,16 @@ class EmbeddingCollection(nn.Module):
     def track_changes(self) -> None:
         """Every group notes its changed and deleted rows from now on (tierec/embedding/changes.py)."""
         for g in self.groups:
-            g.track_changes()
+            g.changes.start()
 
     def mark_changes(self) -> None:
         """The state as of now is published: every group forgets its changes."""
         for g in self.groups:
-            g.mark()
+            g.changes.mark()
 
     def changes(self) -> list[RowChanges]:
         """Per group: the ids changed and deleted since the last :meth:`mark_changes`."""
-        return [g.changed_since_mark() for g in self.groups]
+        return [g.changes.since_mark() for g in self.groups]
 
     def changed_rows(self, changes: list[RowChanges], chunk_bytes: int = 1 << 24) -> Iterator[tuple[str, dict[str, Tensor]]]:
         """``(table name, records)`` of the changed rows, like :meth:`iter_rows`, a bounded chunk at a time."""
@@ -259,7 +260,7 @@ class EmbeddingCollection(nn.Module):
             for ti, t in enumerate(g.tables):
                 ids = ch.changed[ti]
                 for lo in range(0, ids.size, max_rows):
-                    yield t.name, g.records_by_ids(ti, ids[lo : lo + max_rows])
+                    yield t.name, records_by_ids(g, ti, ids[lo : lo + max_rows])
 
     def deleted_ids(self, changes: list[RowChanges]) -> dict[str, Tensor]:
         """``{table name: ids}`` deleted since the last mark (tables without deletions left out)."""

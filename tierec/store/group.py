@@ -1,4 +1,4 @@
-"""TieredGroup: a TableGroup whose ``weights``/``state`` are a bounded fast tier over host DRAM and disk.
+"""TieredGroup: the storage of a table group's whole rows in a bounded fast tier over host DRAM and disk.
 
 It is made of a :class:`~tierec.store.directory.Directory` (where each row lives),
 a :class:`~tierec.store.fast_tier.FastTier` (the cached rows and their slots), a
@@ -16,8 +16,9 @@ them under its lock.
 
 The fast tier is a cache of ``capacity`` slots (GPU memory when the group's
 device is a GPU, else a compact DRAM cache); the engine's kernels read and
-update it exactly as they read a plain group's table, because ``lookup``
-returns cache slots. Behind it every row has one home: host DRAM (a
+update it exactly as they read a plain group's table (its ``weights`` and
+``state`` are the fast tier's, and the two groups share the whole-row helpers
+of tierec/embedding/group.py), because ``lookup`` returns cache slots. Behind it every row has one home: host DRAM (a
 :class:`HostTier`, exclusive: a host row moves up and frees its slot) or disk
 (a :class:`DiskTier`, inclusive: the disk copy stays valid until the cached
 copy is written to). ``lookup`` brings a batch's missing rows up and evicts
@@ -69,8 +70,12 @@ import torch
 from torch import Tensor
 
 from tierec.config import ColdPrecision
-from tierec.embedding.group import TableGroup
-from tierec.embedding.table import TableConfig
+from tierec.embedding.changes import ChangeTracker
+from tierec.embedding.group import TableGroup, gather_dense, init_dense_rows
+from tierec.embedding.optimizers import apply_update
+from tierec.embedding.pool_ops import BagLayout, pool_dense
+from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.table import TableConfig, group_layout, init_scales
 from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
@@ -93,11 +98,19 @@ class StoreFullError(RuntimeError):
     """Rows must leave the fast tier but no slower tier has room."""
 
 
-class TieredGroup(TableGroup):
+class TieredGroup:
+    counts_accesses = False  # update() ignores how many ids each row served
+
     def __init__(
         self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
     ) -> None:
-        self._describe(tables, seed, device)  # a TableGroup's description; its rows live here instead
+        self.tables = tables
+        self.dim, self.optimizer = group_layout(tables)
+        self.seed = seed  # of new rows' values
+        self.device = torch.device(device)
+        self.scales = init_scales(tables)  # [n_tables]
+        self.step = 0  # updates applied (Adam's bias correction)
+        self.changes = ChangeTracker(len(tables))  # rows changed since the last publication, once started
         self.spec = spec
         self.record_width = self.dim + sum(state_widths(self.optimizer, self.dim).values())  # float32 per row
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
@@ -111,7 +124,6 @@ class TieredGroup(TableGroup):
         lossy = spec.cold_precision is not ColdPrecision.FP32
         self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight if lossy else 1)
         self._in_flight: int | None = None  # the rule of the lookup running now, when not the fast tier's
-        self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
         self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
         self.codec = row_codec(spec.cold_precision, self.dim, list(self.fast.state_widths.values()), seed)
@@ -147,13 +159,52 @@ class TieredGroup(TableGroup):
             read_rows=weakly(self.read_rows),
             store_away=weakly(self._store_away),
             count=weakly(self._count),
-            note=weakly(self._note),
-            note_deleted=weakly(self._note_deleted),
+            note=self.changes.changed,
+            note_deleted=self.changes.deleted,
         )
         self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves)
         self.tier_records = TierRecords(
             self.index, self.fast, self.codec, self.host, self.disk, self.admission, self.counters, moves
         )
+
+    # ------------------------------------------------------------ rows
+
+    @property
+    def weights(self) -> Tensor:  # [capacity + 1, D]: the fast tier's, what the kernels read and update
+        return self.fast.weights
+
+    @property
+    def state(self) -> dict[str, Tensor]:  # the fast tier's optimizer state, by name
+        return self.fast.state
+
+    @property
+    def num_rows(self) -> int:
+        return self.index.num_rows
+
+    def rows_per_table(self) -> np.ndarray:  # [n_tables]
+        return self.index.rows_per_table(len(self.tables))
+
+    def bytes_per_row(self) -> int:  # bytes of weights plus optimizer state for one row
+        return 4 * self.record_width
+
+    def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
+        """Pooled ``[B, F_g, D]`` from the fast-tier slots ``rows`` [U] (a plain group's ``pool``)."""
+        return pool_dense(self, rows, layout, train=train, anchor=anchor, fused=fused)
+
+    def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] of fast-tier slots ``rows``; -1 reads zeros
+        return gather_dense(self.weights, rows)
+
+    def _init_rows(self, slots: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """New rows in fast-tier ``slots``: the values a plain group would give them."""
+        init_dense_rows(self.weights, self.state, self.optimizer, self.scales, self.seed, slots, keys, tabs)
+        self.changes.changed(keys, tabs)
+
+    def pruning(self) -> None:  # whole rows: nothing to prune
+        return None
+
+    def empty_in_memory(self) -> TableGroup:
+        """An empty plain group of the same tables, seed and device (a hot-row replica: whole rows)."""
+        return TableGroup(self.tables, seed=self.seed, device=self.device)
 
     # ------------------------------------------------------------ lookups
 
@@ -276,10 +327,16 @@ class TieredGroup(TableGroup):
             keep = rows != ZERO_SLOT
             if not bool(keep.all()):
                 rows, grad = rows[keep], grad[keep]
-        super().update(rows, grad)
+        self.step += 1
+        apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
+        if self.changes.on:
+            self.changes.changed(*self._row_pairs(rows.cpu().numpy()))
 
     def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         return False  # the update skips the shared zero slot: always the two-pass backward
+
+    def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
+        raise NotImplementedError("a tiered group's backward is two passes (fused_reduce_update() is False)")
 
     def prefetcher(self) -> TieredGroup | None:
         # host rows are a copy away: nothing to read ahead; nor with no memory left for it
@@ -467,7 +524,7 @@ class TieredGroup(TableGroup):
         with self._lock:
             lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
             lids = lids[lids >= 0]
-            self._note_deleted(self.index.keys[lids], self.index.tabs[lids])
+            self.changes.deleted(self.index.keys[lids], self.index.tabs[lids])
             self.free_rows(lids)
             self.index.delete(lids)
 
@@ -476,7 +533,8 @@ class TieredGroup(TableGroup):
             lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
             return self.index.keys[lids], self.index.tabs[lids]
 
-    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+    def record_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """The rows (lids) :meth:`records` takes of known ``(table, id)`` pairs (-1: unknown); moves nothing."""
         with self._lock:
             return self.index.find(keys, tabs)
 
@@ -544,6 +602,18 @@ class TieredGroup(TableGroup):
         """Records of rows (lids) ``rows`` from whichever tier holds them, with ``store.freq`` / ``store.last``."""
         with self._lock:
             return self.tier_records.records(t, rows)
+
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        return record_chunks(self, t, max_rows)
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return whole_table_state(self, t)
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        load_whole_table_state(self, t, sd)
 
     def table_meta(self, t: int) -> dict[str, Tensor]:
         with self._lock:

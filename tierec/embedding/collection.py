@@ -20,7 +20,7 @@ torch.Size([2, 2, 4])
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -36,7 +36,7 @@ from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
-from tierec.embedding.storage import records_by_ids
+from tierec.embedding.storage import StorageFactory, records_by_ids
 from tierec.embedding.table import TableConfig
 
 
@@ -48,10 +48,11 @@ class EmbeddingCollection(nn.Module):
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",
-        group_factory: Callable[[list[TableConfig], int, torch.device | str], TableGroup] | None = None,
+        group_factory: StorageFactory | None = None,
     ) -> None:
         """``group_factory(tables, seed, device)`` builds each physical store (tiered,
-        pruned, ...); the default is the plain in-memory TableGroup. ``device`` is the model's:
+        pruned, ...): ``tierec.storage.storage_factory`` from the config; the default is the
+        plain in-memory TableGroup (what ``storage_factory()`` builds). ``device`` is the model's:
         pooled embeddings come out there, whichever memory a storage keeps its rows in."""
         super().__init__()
         self.device = resolve_device(device)  # "cuda" as "cuda:N", so outputs already there are not moved again

@@ -61,8 +61,7 @@ def storage_factory(plan: StorePlan | None = None, prune: PruneConfig | None = N
             from tierec.prune.tiered_pool import TieredChunkPool
 
             dim_state = PrunedGroup.dim_state_of(tables[0].optimizer, tables[0].dim)
-            kind = tables[0].optimizer.kind
-            pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), kind, seed=seed, name=chunk_store_name(tables))
+            pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), seed=seed, name=chunk_store_name(tables))
         # chunked rows stay in host memory; the collection moves their pooled output to the model's device
         return PrunedGroup(tables, prune, seed=seed, device=storage_device(device, device_rows=False), pool=pool)
 

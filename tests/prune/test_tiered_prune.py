@@ -42,7 +42,7 @@ def _collection(kind: OptimizerKind, cfg: PruneConfig, spec: TierSpec | None) ->
         return EmbeddingCollection(tables, FEATURES, group_factory=storage_factory(prune=cfg))
 
     def make(ts, seed, device):
-        pool = TieredChunkPool(CHUNK, PrunedGroup.dim_state_of(opt, DIM), spec, kind, seed=seed, name=chunk_store_name(ts))
+        pool = TieredChunkPool(CHUNK, PrunedGroup.dim_state_of(opt, DIM), spec, seed=seed, name=chunk_store_name(ts))
         return PrunedGroup(ts, cfg, seed=seed, device=device, pool=pool)
 
     return EmbeddingCollection(tables, FEATURES, group_factory=make)

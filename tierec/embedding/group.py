@@ -26,14 +26,14 @@ from torch import Tensor
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.arena import GrowableArray, resident_bytes
-from tierec.config import OptimizerConfig
 from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.hash_index import HashIndex
-from tierec.embedding.optimizers import apply_update, new_state
+from tierec.embedding.layout import RecordLayout
+from tierec.embedding.optimizers import apply_update
 from tierec.embedding.pool_ops import BagLayout, pool_dense
 from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
 from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
-from tierec.embedding.table import TableConfig, group_layout, init_scales
+from tierec.embedding.table import TableConfig, group_layout
 
 
 class TableGroup:
@@ -44,15 +44,15 @@ class TableGroup:
         self.dim, self.optimizer = group_layout(tables)
         self.seed = seed  # of new rows' values
         self.device = torch.device(device)
-        self.scales = init_scales(tables)  # [n_tables]
+        self.layout = RecordLayout.of_tables(tables)  # each row: weights, optimizer state; new rows' scales
         self.step = 0  # updates applied (Adam's bias correction)
         self.changes = ChangeTracker(len(tables))  # rows changed since the last publication, once started
         self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
         self.index = HashIndex(n_tables=len(tables))
         self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
-        self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
+        self.state = self.layout.new_state(self.index.row_capacity, self.device)
         self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
-        self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
+        self.record_width = self.layout.width
 
     @property
     def num_rows(self) -> int:
@@ -77,7 +77,7 @@ class TableGroup:
         w = torch.empty(cap, self.dim, device=self.device)
         w[:old].copy_(self.weights)
         self.weights = w
-        fresh = new_state(self.optimizer, cap, self.dim, self.device)
+        fresh = self.layout.new_state(cap, self.device)
         for name, s in self.state.items():
             fresh[name][:old].copy_(s)
         self.state = fresh
@@ -120,7 +120,7 @@ class TableGroup:
         return self.index.lookup(keys, tabs, insert=False).rows
 
     def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
-        init_dense_rows(self.weights, self.state, self.optimizer, self.scales, self.seed, rows, keys, tabs)
+        init_dense_rows(self.weights, self.state, self.layout, self.seed, rows, keys, tabs)
         self.changes.changed(keys, tabs)
 
     def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
@@ -316,26 +316,27 @@ class TableGroup:
 def init_dense_rows(
     weights: Tensor,
     state: dict[str, Tensor],
-    optimizer: OptimizerConfig,
-    scales: np.ndarray,
+    layout: RecordLayout,
     seed: int,
     rows: np.ndarray,
     keys: np.ndarray,
     tabs: np.ndarray,
 ) -> None:
-    """Give new rows ``rows`` (of ids ``keys`` in tables ``tabs``) their initial values, a function of
-    ``(seed, table, id)`` alone (the same wherever the row lives), and fresh optimizer state."""
-    tabs = tabs.astype(np.int32)
-    if weights.device.type == "cpu":
-        kernels.init_rows(weights.numpy(), rows, keys, tabs, scales, seed)
+    """Give new rows ``rows`` (of ids ``keys`` in key spaces ``tabs``) their initial values, a function of
+    ``(seed, table, id)`` alone (the same wherever the row lives), or zeros where ``layout`` has no
+    scales, and fresh optimizer state."""
+    r = torch.from_numpy(rows).to(weights.device)
+    if layout.scales is None:
+        weights[r] = 0.0
+    elif weights.device.type == "cpu":
+        kernels.init_rows(weights.numpy(), rows, keys, tabs.astype(np.int32), layout.scales, seed)
     else:
         w = np.empty((rows.shape[0], weights.shape[1]), dtype=np.float32)
-        kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs, scales, seed)
-        weights[torch.from_numpy(rows).to(weights.device)] = torch.from_numpy(w).to(weights.device)
+        kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), layout.scales, seed)
+        weights[r] = torch.from_numpy(w).to(weights.device)
     # Optimizer state of a reused row number must start fresh as well.
-    r = torch.from_numpy(rows).to(weights.device)
-    for name, t in new_state(optimizer, 1, weights.shape[1], weights.device).items():
-        state[name][r] = t
+    for name, column in layout.state.items():
+        state[name][r] = column.initial
 
 
 def gather_dense(weights: Tensor, rows: np.ndarray) -> Tensor:

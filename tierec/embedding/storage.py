@@ -13,6 +13,10 @@ chunked rows        ``PrunedGroup`` over   ``PrunedGroup`` over a
 =================  =====================  ==============================
 
 One factory (``tierec.storage.storage_factory``) decides which a table gets.
+The two whole-row storages share no base class: each describes its records
+with a :class:`~tierec.embedding.layout.RecordLayout` and both use the
+whole-row helpers of tierec/embedding/group.py; the tiers themselves are a
+``store.group.TierStore``, which a tiered chunk pool holds as well.
 Everything above the storage (the collection, the sharded collection and its
 hot-row replication, the store's pipeline and monitor, the pruner,
 checkpoints) uses only these methods:

@@ -50,7 +50,8 @@ class RecordLayout:
     def of_tables(cls, tables: list[TableConfig]) -> RecordLayout:
         """The rows of a table group: its tables' weights and their optimizer's state (tables must share both)."""
         dim, optimizer = group_layout(tables)
-        state = {n: StateColumn(s, initial_state_value(optimizer, n)) for n, s in state_shapes(optimizer.kind, dim).items()}
+        shapes = state_shapes(optimizer.kind, dim)
+        state = {n: StateColumn(s, initial_state_value(optimizer, n)) for n, s in shapes.items()}
         return cls(tuple(t.name for t in tables), dim, state, init_scales(tables))
 
     @classmethod
@@ -75,4 +76,6 @@ class RecordLayout:
 
     def new_state(self, rows: int, device: torch.device | str) -> dict[str, Tensor]:
         """Optimizer state of ``rows`` new rows, by name (``[rows, *shape]`` each)."""
-        return {n: torch.full((rows, *c.shape), c.initial, dtype=torch.float32, device=device) for n, c in self.state.items()}
+        return {
+            n: torch.full((rows, *c.shape), c.initial, dtype=torch.float32, device=device) for n, c in self.state.items()
+        }

@@ -135,8 +135,11 @@ def pool_torch(group: DenseRows, rows: np.ndarray, layout: BagLayout, train: boo
     return pooled.view(layout.n_features, layout.batch, -1).transpose(0, 1)  # [B, F_g, D]
 
 
-def pool_dense(group: DenseRows, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
-    """Pooled ``[B, F_g, D]`` of a storage of whole rows: ``pool_fused`` when ``fused`` and on CPU, else ``pool_torch``."""
+def pool_dense(
+    group: DenseRows, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True
+) -> Tensor:
+    """Pooled ``[B, F_g, D]`` of a storage of whole rows: ``pool_fused`` when ``fused`` and on CPU, else
+    ``pool_torch``."""
     if fused and group.device.type == "cpu":
         return pool_fused(group, rows, layout, train, anchor)
     return pool_torch(group, rows, layout, train, anchor)

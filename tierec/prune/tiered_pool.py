@@ -3,10 +3,11 @@
 With both ``store.enabled`` and ``prune.enabled`` the chunk is what the tiers
 hold: every live chunk is one record ``[c weights | c values of each per-dim
 optimizer state]`` (a :meth:`~tierec.embedding.layout.RecordLayout.chunks`
-layout) of a :class:`~tierec.store.group.TierStore` keyed by its chunk number, so hot chunks sit in the bounded fast tier, the rest in host
-DRAM or on disk, and a pruned chunk frees its record wherever it lives. What
-stays in RAM for every chunk is its importance (one float, like the store's
-directory entry); per-row data (chunk maps, claims, counts, row-wise Adagrad's
+layout) of a :class:`~tierec.store.group.TierStore` keyed by its chunk number,
+so hot chunks sit in the bounded fast tier, the rest in host DRAM or on disk,
+and a pruned chunk frees its record wherever it lives. What stays in RAM for
+every chunk is its importance (one float, like the store's directory entry);
+per-row data (chunk maps, claims, counts, row-wise Adagrad's
 state) stays with the PrunedGroup.
 
 The chunked kernels run unchanged on the fast tier: :meth:`resident` brings a

@@ -1,4 +1,4 @@
-"""The one factory that decides each table group's storage: row layout x placement.
+"""The one factory that builds each table group's storage: row layout x placement.
 
 - row layout: whole rows (``TableGroup``), or chunked rows that pruning shortens
   (``PrunedGroup``) when ``prune`` is given;
@@ -12,7 +12,9 @@
 Whole rows in the tiers are a ``TieredGroup``; chunked rows in the tiers are a
 ``PrunedGroup`` over a ``TieredChunkPool``. Every result implements
 :class:`~tierec.embedding.storage.RowStorage`; nothing above the storage needs
-to know which it got.
+to know which it got. Without a plan nothing is tiered, and without ``prune``
+rows are whole: ``storage_factory()`` builds plain groups (an
+EmbeddingCollection's default), ``storage_factory(prune=cfg)`` pruned ones.
 
 >>> from tierec.config import PruneConfig, StoreConfig
 >>> from tierec.embedding import TableConfig
@@ -22,6 +24,8 @@ to know which it got.
 >>> make = storage_factory(StorePlan(StoreConfig(), [tables]), PruneConfig(chunk=4))
 >>> type(make(tables, 0, "cpu")).__name__
 'PrunedGroup'
+>>> type(storage_factory()(tables, 0, "cpu")).__name__
+'TableGroup'
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ from tierec.embedding.table import TableConfig
 from tierec.store.plan import StorePlan
 
 
-def storage_factory(plan: StorePlan, prune: PruneConfig | None = None) -> StorageFactory:
-    """``group_factory`` for an EmbeddingCollection: chunked rows when ``prune``, tiers where ``plan`` says."""
+def storage_factory(plan: StorePlan | None = None, prune: PruneConfig | None = None) -> StorageFactory:
+    """``group_factory`` for an EmbeddingCollection: chunked rows when ``prune``, tiers where ``plan`` says
+    (no plan: all in memory)."""
 
     def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> RowStorage:
-        tiered = plan.tiered(tables)
+        tiered = plan is not None and plan.tiered(tables)
         if prune is None:
             if not tiered:
                 return TableGroup(tables, seed=seed, device=device)
@@ -56,8 +61,7 @@ def storage_factory(plan: StorePlan, prune: PruneConfig | None = None) -> Storag
             from tierec.prune.tiered_pool import TieredChunkPool
 
             dim_state = PrunedGroup.dim_state_of(tables[0].optimizer, tables[0].dim)
-            kind = tables[0].optimizer.kind
-            pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), kind, seed=seed, name=chunk_store_name(tables))
+            pool = TieredChunkPool(prune.chunk, dim_state, plan.spec_for(tables), seed=seed, name=chunk_store_name(tables))
         # chunked rows stay in host memory; the collection moves their pooled output to the model's device
         return PrunedGroup(tables, prune, seed=seed, device=storage_device(device, device_rows=False), pool=pool)
 

@@ -141,10 +141,10 @@ def test_stores_with_their_own_layout_report_their_own_bytes_in_ram():
     from tierec.batch import SparseFeatures
     from tierec.config import PruneConfig
     from tierec.embedding import EmbeddingCollection
-    from tierec.prune import pruned_group_factory
+    from tierec.storage import storage_factory
 
     coll = EmbeddingCollection(
-        [TableConfig(name="t", dim=8, features=["f"])], ["f"], group_factory=pruned_group_factory(PruneConfig(chunk=4))
+        [TableConfig(name="t", dim=8, features=["f"])], ["f"], group_factory=storage_factory(prune=PruneConfig(chunk=4))
     )
     coll(SparseFeatures.one_hot(("f",), torch.arange(3000).view(-1, 1))).sum().backward()
     assert coll.resident_nbytes() == coll.nbytes()

@@ -9,7 +9,8 @@ import torch
 from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
-from tierec.prune import Pruner, pruned_group_factory
+from tierec.prune import Pruner
+from tierec.storage import storage_factory
 
 DIM, CHUNK = 8, 2
 CFG = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0)
@@ -18,7 +19,7 @@ CFG = PruneConfig(enabled=True, chunk=CHUNK, target_ratio=3.0)
 def _coll(kind: OptimizerKind, pruned: bool = True, cfg: PruneConfig = CFG) -> EmbeddingCollection:
     opt = OptimizerConfig(kind=kind, lr=0.05)
     tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in ("a", "b")]
-    return EmbeddingCollection(tables, ["a", "b"], seed=1, group_factory=pruned_group_factory(cfg) if pruned else None)
+    return EmbeddingCollection(tables, ["a", "b"], seed=1, group_factory=storage_factory(prune=cfg) if pruned else None)
 
 
 def _train(coll: EmbeddingCollection, steps: int, seed: int) -> list[torch.Tensor]:

@@ -9,8 +9,9 @@ import torch
 from tierec.batch import SparseFeatures
 from tierec.config import OptimizerConfig, OptimizerKind, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
-from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
+from tierec.prune import PrunedGroup, Pruner
 from tierec.prune.select import OneProcess, Positions, select, select_spread
+from tierec.storage import storage_factory
 
 DIM, CHUNK = 8, 2
 
@@ -18,7 +19,7 @@ DIM, CHUNK = 8, 2
 def _coll(cfg: PruneConfig, kind: OptimizerKind = OptimizerKind.ROWWISE_ADAGRAD) -> EmbeddingCollection:
     opt = OptimizerConfig(kind=kind, lr=0.05)
     tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in ("hot", "weak")]
-    return EmbeddingCollection(tables, ["hot", "weak"], group_factory=pruned_group_factory(cfg))
+    return EmbeddingCollection(tables, ["hot", "weak"], group_factory=storage_factory(prune=cfg))
 
 
 def _train(coll: EmbeddingCollection, steps: int, seed: int = 0, id_base: int = 0, weak_grad: float = 0.01) -> None:

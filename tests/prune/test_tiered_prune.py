@@ -18,11 +18,12 @@ import torch
 from tierec.batch import SparseFeatures
 from tierec.config import ConfigError, OptimizerConfig, OptimizerKind, PruneConfig, load_config
 from tierec.embedding import EmbeddingCollection, TableConfig
-from tierec.prune import PrunedGroup, Pruner, pruned_group_factory
+from tierec.prune import PrunedGroup, Pruner
 from tierec.prune.group import chunk_store_name
 from tierec.prune.tiered_pool import TieredChunkPool
 from tierec.prune.group import chunk_store_name
 from tierec.prune.tiered_pool import TieredChunkPool
+from tierec.storage import storage_factory
 from tierec.store.spec import TierSpec
 from tierec.train.checkpoint import load_checkpoint
 from tierec.train.components import Components
@@ -38,10 +39,10 @@ def _collection(kind: OptimizerKind, cfg: PruneConfig, spec: TierSpec | None) ->
     opt = OptimizerConfig(kind=kind, lr=0.05)
     tables = [TableConfig(name=n, dim=DIM, features=[n], optimizer=opt) for n in FEATURES]
     if spec is None:
-        return EmbeddingCollection(tables, FEATURES, group_factory=pruned_group_factory(cfg))
+        return EmbeddingCollection(tables, FEATURES, group_factory=storage_factory(prune=cfg))
 
     def make(ts, seed, device):
-        pool = TieredChunkPool(CHUNK, PrunedGroup.dim_state_of(opt, DIM), spec, kind, seed=seed, name=chunk_store_name(ts))
+        pool = TieredChunkPool(CHUNK, PrunedGroup.dim_state_of(opt, DIM), spec, seed=seed, name=chunk_store_name(ts))
         return PrunedGroup(ts, cfg, seed=seed, device=device, pool=pool)
 
     return EmbeddingCollection(tables, FEATURES, group_factory=make)

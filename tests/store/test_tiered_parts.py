@@ -148,17 +148,17 @@ def test_count_min_sketch_never_undercounts() -> None:
 
 
 def test_tiered_group_is_composed_and_freed_without_the_cycle_collector(tmp_path) -> None:
-    """The hotness pass and the records are parts, not bases; they reach the group only through its TierMoves,
-    which hold it weakly, so dropping the group frees it (and its fast tier) at once."""
+    """The hotness pass and the records are parts, not bases (the group's one base is its TierStore, whose
+    state it leaves alone; the plain group shares helpers with it, not a class); they reach the group only
+    through its TierMoves, which hold it weakly, so dropping the group frees it (and its fast tier) at once."""
     import gc
     import weakref
 
-    from tierec.embedding.group import TableGroup
     from tierec.embedding.table import TableConfig
-    from tierec.store.group import TieredGroup
+    from tierec.store.group import TieredGroup, TierStore
     from tierec.store.spec import TierSpec
 
-    assert TieredGroup.__bases__ == (TableGroup,)
+    assert TieredGroup.__bases__ == (TierStore,) and TierStore.__bases__ == (object,)
     spec = TierSpec(cache_bytes=4 * 20, host_bytes=4 * 20 * 2, disk_dir=str(tmp_path), interval=2, promote_max=4)
     g = TieredGroup([TableConfig(name="t", dim=4, features=["f"])], spec)
     for batch in ([1, 2, 3], [4, 5], [1, 6], [7, 8], [2, 9]):

@@ -1,9 +1,9 @@
 """Which rows of a table group changed since the last publication (delta checkpoints).
 
-A storage that tracks changes (``track_changes()``) notes every ``(table, id)``
+A storage that tracks changes (its :class:`ChangeTracker`, started) notes every ``(table, id)``
 pair whose row was written (optimizer update, insertion, overwrite) and every
 pair it deleted (``store.ttl_steps``, ``store.max_rows``); moves between tiers
-are no changes. ``changed_since_mark()`` gives, per table, the ids changed and
+are no changes. ``since_mark()`` gives, per table, the ids changed and
 the ids deleted since the last ``mark()``: the last event of a pair wins (an id
 deleted and then inserted again is changed; one changed and then deleted is
 deleted). Events are kept as arrays, one per call, and resolved only when asked,
@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from torch import Tensor
 
 
 @dataclass
@@ -70,41 +69,48 @@ class ChangeLog:
         )
 
 
-class TracksChanges:
-    """Change tracking for a storage keyed by ``(table, id)`` (a mixin): the storage calls ``_note`` when it
-    writes rows and ``_note_deleted`` when it forgets them; it provides ``tables``, ``_find`` (rows of known
-    pairs, -1 else) and ``records(t, rows)``."""
+class ChangeTracker:
+    """Change tracking of one storage keyed by ``(table, id)``: a part the storage holds as ``changes``.
 
-    _changes: ChangeLog | None = None  # off until ``track_changes``
+    Off (every note a no-op) until :meth:`start`. The storage calls :meth:`changed` when it writes rows
+    and :meth:`deleted` when it forgets them; whoever publishes the rows asks :meth:`since_mark` and
+    calls :meth:`mark` (tierec/embedding/collection.py).
 
-    def track_changes(self) -> None:
+    >>> tr = ChangeTracker(n_tables=1)
+    >>> tr.changed(np.array([5]), np.array([0])); tr.on  # off: nothing noted
+    False
+    >>> tr.start(); tr.changed(np.array([5]), np.array([0])); tr.since_mark().changed[0].tolist()
+    [5]
+    """
+
+    def __init__(self, n_tables: int) -> None:
+        self.n_tables = n_tables
+        self.log: ChangeLog | None = None  # off until ``start``
+
+    @property
+    def on(self) -> bool:
+        return self.log is not None
+
+    def start(self) -> None:
         """Start noting changed and deleted rows (a no-op when already tracking)."""
-        if self._changes is None:
-            self._changes = ChangeLog()
+        if self.log is None:
+            self.log = ChangeLog()
 
-    def changed_since_mark(self) -> RowChanges:
+    def since_mark(self) -> RowChanges:
         """Per table: the ids changed and the ids deleted since the last :meth:`mark`."""
-        if self._changes is None:
-            raise RuntimeError("changed_since_mark() needs track_changes() first")
-        return self._changes.since_mark(len(self.tables))
+        if self.log is None:
+            raise RuntimeError("changes since the mark need tracking started first (start())")
+        return self.log.since_mark(self.n_tables)
 
     def mark(self) -> None:
         """The state as of now is published: forget the changes noted so far."""
-        if self._changes is not None:
-            self._changes.mark()
+        if self.log is not None:
+            self.log.mark()
 
-    def _note(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        if self._changes is not None:
-            self._changes.changed(keys, tabs)
+    def changed(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self.log is not None:
+            self.log.changed(keys, tabs)
 
-    def _note_deleted(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        if self._changes is not None:
-            self._changes.deleted(keys, tabs)
-
-    def records_by_ids(self, t: int, ids: np.ndarray) -> dict[str, Tensor]:
-        """Row records (as ``iter_records`` yields them) of known ids of table ``t``, in their order."""
-        ids = np.asarray(ids, dtype=np.int64)
-        rows = self._find(ids, np.full(ids.shape[0], t, dtype=np.int32))
-        if (rows < 0).any():
-            raise KeyError(f"table {self.tables[t].name!r} has no row of id {int(ids[rows < 0][0])}")
-        return self.records(t, rows)
+    def deleted(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        if self.log is not None:
+            self.log.deleted(keys, tabs)

@@ -20,7 +20,7 @@ torch.Size([2, 2, 4])
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -36,6 +36,7 @@ from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
+from tierec.embedding.storage import StorageFactory, records_by_ids
 from tierec.embedding.table import TableConfig
 
 
@@ -47,10 +48,11 @@ class EmbeddingCollection(nn.Module):
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",
-        group_factory: Callable[[list[TableConfig], int, torch.device | str], TableGroup] | None = None,
+        group_factory: StorageFactory | None = None,
     ) -> None:
         """``group_factory(tables, seed, device)`` builds each physical store (tiered,
-        pruned, ...); the default is the plain in-memory TableGroup. ``device`` is the model's:
+        pruned, ...): ``tierec.storage.storage_factory`` from the config; the default is the
+        plain in-memory TableGroup (what ``storage_factory()`` builds). ``device`` is the model's:
         pooled embeddings come out there, whichever memory a storage keeps its rows in."""
         super().__init__()
         self.device = resolve_device(device)  # "cuda" as "cuda:N", so outputs already there are not moved again
@@ -241,16 +243,16 @@ class EmbeddingCollection(nn.Module):
     def track_changes(self) -> None:
         """Every group notes its changed and deleted rows from now on (tierec/embedding/changes.py)."""
         for g in self.groups:
-            g.track_changes()
+            g.changes.start()
 
     def mark_changes(self) -> None:
         """The state as of now is published: every group forgets its changes."""
         for g in self.groups:
-            g.mark()
+            g.changes.mark()
 
     def changes(self) -> list[RowChanges]:
         """Per group: the ids changed and deleted since the last :meth:`mark_changes`."""
-        return [g.changed_since_mark() for g in self.groups]
+        return [g.changes.since_mark() for g in self.groups]
 
     def changed_rows(self, changes: list[RowChanges], chunk_bytes: int = 1 << 24) -> Iterator[tuple[str, dict[str, Tensor]]]:
         """``(table name, records)`` of the changed rows, like :meth:`iter_rows`, a bounded chunk at a time."""
@@ -259,7 +261,7 @@ class EmbeddingCollection(nn.Module):
             for ti, t in enumerate(g.tables):
                 ids = ch.changed[ti]
                 for lo in range(0, ids.size, max_rows):
-                    yield t.name, g.records_by_ids(ti, ids[lo : lo + max_rows])
+                    yield t.name, records_by_ids(g, ti, ids[lo : lo + max_rows])
 
     def deleted_ids(self, changes: list[RowChanges]) -> dict[str, Tensor]:
         """``{table name: ids}`` deleted since the last mark (tables without deletions left out)."""

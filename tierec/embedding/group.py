@@ -26,42 +26,33 @@ from torch import Tensor
 from tierec.config import OptimizerKind
 from tierec.embedding import kernels
 from tierec.embedding.arena import GrowableArray, resident_bytes
-from tierec.embedding.changes import ChangeLog, TracksChanges
+from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.hash_index import HashIndex
-from tierec.embedding.optimizers import apply_update, new_state
-from tierec.embedding.pool_ops import BagLayout, pool_fused, pool_torch
+from tierec.embedding.layout import RecordLayout
+from tierec.embedding.optimizers import apply_update
+from tierec.embedding.pool_ops import BagLayout, pool_dense
 from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
-from tierec.embedding.storage import record_chunks
-from tierec.embedding.table import TableConfig
+from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.table import TableConfig, group_layout
 
 
-class TableGroup(TracksChanges):
+class TableGroup:
     counts_accesses = False  # update() ignores how many ids each row served
 
     def __init__(self, tables: list[TableConfig], seed: int = 0, device: torch.device | str = "cpu") -> None:
-        self._describe(tables, seed, device)
+        self.tables = tables
+        self.dim, self.optimizer = group_layout(tables)
+        self.seed = seed  # of new rows' values
+        self.device = torch.device(device)
+        self.layout = RecordLayout.of_tables(tables)  # each row: weights, optimizer state; new rows' scales
+        self.step = 0  # updates applied (Adam's bias correction)
+        self.changes = ChangeTracker(len(tables))  # rows changed since the last publication, once started
+        self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
         self.index = HashIndex(n_tables=len(tables))
         self.weights = torch.empty(self.index.row_capacity, self.dim, device=self.device)  # [R, D]
-        self.state = new_state(self.optimizer, self.index.row_capacity, self.dim, self.device)
+        self.state = self.layout.new_state(self.index.row_capacity, self.device)
         self._owned: dict[str, GrowableArray] | None = None  # CPU: the memory behind weights/state once grown
-        self.record_width = self.dim + sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in self.state.values())
-
-    def _describe(self, tables: list[TableConfig], seed: int, device: torch.device | str) -> None:
-        """What every storage of a group's rows shares, whatever holds them (this class: growable arrays behind
-        a HashIndex; tierec.store.group.TieredGroup: a fast tier over host and disk): the tables, their dim
-        and optimizer, the seed of new rows, the device, the update count."""
-        keys = {t.group_key() for t in tables}
-        if len(keys) != 1:
-            raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
-        self.tables = tables
-        self.dim = tables[0].dim
-        self.optimizer = tables[0].optimizer
-        self.seed = seed
-        self.device = torch.device(device)
-        self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
-        self.step = 0  # updates applied (Adam's bias correction)
-        self._changes: ChangeLog | None = None  # rows changed since the last publication, once tracked
-        self.avx512 = self.device.type == "cpu" and host_has_avx512()  # picks the faster backward (fused_pays)
+        self.record_width = self.layout.width
 
     @property
     def num_rows(self) -> int:
@@ -86,7 +77,7 @@ class TableGroup(TracksChanges):
         w = torch.empty(cap, self.dim, device=self.device)
         w[:old].copy_(self.weights)
         self.weights = w
-        fresh = new_state(self.optimizer, cap, self.dim, self.device)
+        fresh = self.layout.new_state(cap, self.device)
         for name, s in self.state.items():
             fresh[name][:old].copy_(s)
         self.state = fresh
@@ -129,42 +120,25 @@ class TableGroup(TracksChanges):
         return self.index.lookup(keys, tabs, insert=False).rows
 
     def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
-        if self.device.type == "cpu":
-            kernels.init_rows(self.weights.numpy(), rows, keys, tabs.astype(np.int32), self.scales, self.seed)
-        else:
-            w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
-            kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
-            self.weights[torch.from_numpy(rows).to(self.device)] = torch.from_numpy(w).to(self.device)
-        self._note(keys, tabs)
-        # Optimizer state of a reused row number must start fresh as well.
-        r = torch.from_numpy(rows).to(self.device)
-        for name, t in new_state(self.optimizer, 1, self.dim, self.device).items():
-            self.state[name][r] = t
+        init_dense_rows(self.weights, self.state, self.layout, self.seed, rows, keys, tabs)
+        self.changes.changed(keys, tabs)
 
     def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
         """Pooled ``[B, F_g, D]`` from unique ``rows`` [U]; when ``train`` the backward updates them.
 
         ``fused`` picks the numba kernels on CPU; the torch path runs elsewhere.
-        Subclasses with another row layout (pruned chunks) override this.
         """
-        if fused and self.device.type == "cpu":
-            return pool_fused(self, rows, layout, train, anchor)
-        return pool_torch(self, rows, layout, train, anchor)
+        return pool_dense(self, rows, layout, train=train, anchor=anchor, fused=fused)
 
     def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] of ``rows``; -1 (unknown id) reads zeros
-        r = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        out = self.weights.index_select(0, r.clamp(min=0))
-        known = r >= 0
-        if not bool(known.all()):
-            out[~known] = 0.0
-        return out
+        return gather_dense(self.weights, rows)
 
     def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
         """One fused optimizer step on unique ``rows`` [U] with ``grad`` [U, D] (``accesses`` unused)."""
         self.step += 1
         apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
-        if self._changes is not None:
-            self._note(*self._row_pairs(rows.cpu().numpy()))
+        if self.changes.on:
+            self.changes.changed(*self._row_pairs(rows.cpu().numpy()))
 
     def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
         """True when the backward may reduce and update in one row-parallel pass (pooling.reduce_update_rowwise)
@@ -181,8 +155,8 @@ class TableGroup(TracksChanges):
     def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
         """The backward of a pooled batch and the optimizer step in one pass (see :meth:`fused_reduce_update`)."""
         self.step += 1
-        if self._changes is not None:
-            self._note(*self._row_pairs(rows))
+        if self.changes.on:
+            self.changes.changed(*self._row_pairs(rows))
         cfg = self.optimizer
         threads = numba.get_num_threads()
         reduce_update_rowwise(
@@ -225,7 +199,7 @@ class TableGroup(TracksChanges):
         return None
 
     def empty_in_memory(self) -> TableGroup:
-        """An empty storage of the same tables, seed and device in memory (a hot-row replica); tiered groups too."""
+        """An empty storage of the same tables, seed and device in memory (a hot-row replica)."""
         return TableGroup(self.tables, seed=self.seed, device=self.device)
 
     def close(self) -> None:
@@ -248,7 +222,7 @@ class TableGroup(TracksChanges):
 
     def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).to(self.device)
-        self._note(keys, tabs)
+        self.changes.changed(keys, tabs)
         rec = torch.from_numpy(np.ascontiguousarray(records, dtype=np.float32)).to(self.device)
         self.weights[rows] = rec[:, : self.dim]
         col = self.dim
@@ -296,23 +270,22 @@ class TableGroup(TracksChanges):
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         tabs = np.full(ids.shape[0], t, dtype=np.int32)
         rows = self.lookup(ids, tabs, insert=True).to(self.device)
-        self._note(ids, tabs)
+        self.changes.changed(ids, tabs)
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)
 
     def table_state(self, t: int) -> dict[str, Tensor]:
         """The whole table ``t`` at once: its meta and the records of all its rows."""
-        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
+        return whole_table_state(self, t)
 
     def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
-        self.load_table_meta(t, sd)
-        self.write_records(t, sd)
+        load_whole_table_state(self, t, sd)
 
     # ----------------------------------------------- changes (delta checkpoints)
 
-    # Tracking (off until ``track_changes``): rows written since the last ``mark`` (optimizer
+    # Tracking (``changes``, off until started): rows written since the last mark (optimizer
     # updates, insertions, overwrites) and rows deleted; tierec/embedding/changes.py.
 
     def _row_pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -320,13 +293,13 @@ class TableGroup(TracksChanges):
         rows = np.asarray(rows, dtype=np.int64)
         return self.index.row_keys[rows], self.index.row_tabs[rows]
 
-    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+    def record_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """What :meth:`records` takes for known ``(table, id)`` pairs (-1: unknown); moves nothing."""
         return self.index.lookup(keys, tabs, insert=False).rows
 
     def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """Forget rows of (table, id) pairs; a plain group never deletes, so it holds none of them."""
-        held = self._find(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32)) >= 0
+        held = self.record_rows(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32)) >= 0
         if held.any():
             raise ValueError(f"a plain table group cannot delete rows (id {int(np.asarray(keys)[held][0])}); "
                              "load this checkpoint with the store that wrote it")
@@ -334,3 +307,43 @@ class TableGroup(TracksChanges):
     def catch_up(self, t: int, sd: dict[str, Tensor]) -> None:
         """Bring statistics of rows a delta does not carry forward to the delta's clock (``sd``: its
         ``table_meta``), before its meta and rows are loaded; a plain group keeps none."""
+
+
+# Whole rows in a weights tensor [R, D] beside their optimizer state: a plain group's rows, and a tiered
+# group's fast tier (tierec/store/group.py) share these.
+
+
+def init_dense_rows(
+    weights: Tensor,
+    state: dict[str, Tensor],
+    layout: RecordLayout,
+    seed: int,
+    rows: np.ndarray,
+    keys: np.ndarray,
+    tabs: np.ndarray,
+) -> None:
+    """Give new rows ``rows`` (of ids ``keys`` in key spaces ``tabs``) their initial values, a function of
+    ``(seed, table, id)`` alone (the same wherever the row lives), or zeros where ``layout`` has no
+    scales, and fresh optimizer state."""
+    r = torch.from_numpy(rows).to(weights.device)
+    if layout.scales is None:
+        weights[r] = 0.0
+    elif weights.device.type == "cpu":
+        kernels.init_rows(weights.numpy(), rows, keys, tabs.astype(np.int32), layout.scales, seed)
+    else:
+        w = np.empty((rows.shape[0], weights.shape[1]), dtype=np.float32)
+        kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), layout.scales, seed)
+        weights[r] = torch.from_numpy(w).to(weights.device)
+    # Optimizer state of a reused row number must start fresh as well.
+    for name, column in layout.state.items():
+        state[name][r] = column.initial
+
+
+def gather_dense(weights: Tensor, rows: np.ndarray) -> Tensor:
+    """[U, D] of ``rows`` of ``weights``; -1 (unknown id) reads zeros."""
+    r = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(weights.device)
+    out = weights.index_select(0, r.clamp(min=0))
+    known = r >= 0
+    if not bool(known.all()):
+        out[~known] = 0.0
+    return out

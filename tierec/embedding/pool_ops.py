@@ -8,7 +8,8 @@ Two interchangeable paths produce ``[B, F_g, D]`` for one table group:
   rows, then ``embedding_bag``; autograd reduces the gradient.
 
 Both hand the reduced gradient ``[U, D]`` of the unique rows to
-``group.update``; neither forms a dense gradient of a table.
+``group.update``; neither forms a dense gradient of a table. ``pool_dense``
+picks one: what every storage of whole rows calls from its ``pool``.
 """
 
 from __future__ import annotations
@@ -132,3 +133,13 @@ def pool_torch(group: DenseRows, rows: np.ndarray, layout: BagLayout, train: boo
         weights = torch.from_numpy(layout.scale).to(dev).repeat_interleave(lengths)
     pooled = F.embedding_bag(inv, emb, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
     return pooled.view(layout.n_features, layout.batch, -1).transpose(0, 1)  # [B, F_g, D]
+
+
+def pool_dense(
+    group: DenseRows, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True
+) -> Tensor:
+    """Pooled ``[B, F_g, D]`` of a storage of whole rows: ``pool_fused`` when ``fused`` and on CPU, else
+    ``pool_torch``."""
+    if fused and group.device.type == "cpu":
+        return pool_fused(group, rows, layout, train, anchor)
+    return pool_torch(group, rows, layout, train, anchor)

@@ -13,6 +13,10 @@ chunked rows        ``PrunedGroup`` over   ``PrunedGroup`` over a
 =================  =====================  ==============================
 
 One factory (``tierec.storage.storage_factory``) decides which a table gets.
+The two whole-row storages share no base class: each describes its records
+with a :class:`~tierec.embedding.layout.RecordLayout` and both use the
+whole-row helpers of tierec/embedding/group.py; the tiers themselves are a
+``store.group.TierStore``, which a tiered chunk pool holds as well.
 Everything above the storage (the collection, the sharded collection and its
 hot-row replication, the store's pipeline and monitor, the pruner,
 checkpoints) uses only these methods:
@@ -31,6 +35,9 @@ checkpoints) uses only these methods:
 - ``iter_records`` / ``write_records`` (and ``table_meta`` / ``load_table_meta``):
   a table's rows as named tensors, streamed in bounded chunks (checkpoints);
   ``table_state`` / ``load_table_state``: the whole table at once;
+  ``changes``: a :class:`~tierec.embedding.changes.ChangeTracker` of the rows
+  written and deleted since the last publication (delta checkpoints), whose
+  records ``record_rows`` and ``records`` give;
 - bytes (``nbytes``, ``resident_nbytes``) and statistics (``rows_per_table``,
   ``tier_stores``: the tiered stores behind it, for the store's monitor).
 
@@ -45,8 +52,8 @@ next batch's whole lookup during the current step (the tiers).
 >>> from tierec.embedding.storage import RowStorage
 >>> from tierec.embedding.table import TableConfig
 >>> g: RowStorage = TableGroup([TableConfig(name="t", dim=4, features=["f"])])
->>> g.prefetcher() is None and g.pruning() is None, g.record_width
-(True, 4)
+>>> g.prefetcher() is None and g.pruning() is None, g.record_width  # 4 weights, 1 float of row-wise Adagrad
+(True, 5)
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import torch
 from torch import Tensor
 
 from tierec.config import OptimizerConfig
+from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.table import TableConfig
 
 
@@ -136,6 +144,7 @@ class RowStorage(Protocol):
     step: int  # updates applied (Adam's bias correction)
     record_width: int  # float32 per row record: weights, then every optimizer state flattened
     counts_accesses: bool  # update() uses ``accesses`` (callers that sum gradients sum these too)
+    changes: ChangeTracker  # rows written and deleted since the last publication, once started
 
     @property
     def num_rows(self) -> int: ...
@@ -159,6 +168,22 @@ class RowStorage(Protocol):
         ...
 
     # -- tables as named tensors, streamed (checkpoints)
+    def row_extent(self) -> int:
+        """Row numbers of ``records`` in use lie in ``[0, row_extent())`` (holes allowed)."""
+        ...
+
+    def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
+        """Row numbers [n] of table ``t`` among ``[lo, hi)``, ascending."""
+        ...
+
+    def record_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """The row numbers ``records`` takes of known ``(table, id)`` pairs (-1: unknown); moves nothing."""
+        ...
+
+    def records(self, t: int, rows: np.ndarray) -> dict[str, Tensor]: ...
+
+    def bytes_per_row(self) -> int: ...
+
     def iter_records(self, t: int, max_rows: int) -> Any: ...
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None: ...
@@ -210,6 +235,26 @@ def record_chunks(storage: Any, t: int, max_rows: int):
         rows = storage.rows_of(t, lo, min(lo + step, extent))
         if rows.size:
             yield storage.records(t, rows)
+
+
+def whole_table_state(storage: Any, t: int) -> dict[str, Tensor]:
+    """The whole table ``t`` of a storage at once: its meta and the records of all its rows."""
+    return {**storage.table_meta(t), **storage.records(t, storage.rows_of(t, 0, storage.row_extent()))}
+
+
+def load_whole_table_state(storage: Any, t: int, sd: dict[str, Tensor]) -> None:
+    """Insert (or overwrite) the rows of table ``t`` of a storage from ``whole_table_state`` output."""
+    storage.load_table_meta(t, sd)
+    storage.write_records(t, sd)
+
+
+def records_by_ids(storage: Any, t: int, ids: np.ndarray) -> dict[str, Tensor]:
+    """Row records (as ``iter_records`` yields them) of known ids of table ``t`` of a storage, in their order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = storage.record_rows(ids, np.full(ids.shape[0], t, dtype=np.int32))
+    if (rows < 0).any():
+        raise KeyError(f"table {storage.tables[t].name!r} has no row of id {int(ids[rows < 0][0])}")
+    return storage.records(t, rows)
 
 
 def is_count_entry(key: str) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tierec.config import ConfigError, EmbeddingConfig, OptimizerConfig, Pooling
 
 
@@ -36,6 +38,19 @@ class TableConfig:
         """Tables with equal keys share one physical store (like a table-batched kernel)."""
         o = self.optimizer
         return (self.dim, o.kind, o.lr, o.eps, o.beta1, o.beta2, o.initial_accumulator, o.weight_decay)
+
+
+def group_layout(tables: list[TableConfig]) -> tuple[int, OptimizerConfig]:
+    """(dim, optimizer) of the tables of one group's storage; a ValueError unless they share both."""
+    keys = {t.group_key() for t in tables}
+    if len(keys) != 1:
+        raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
+    return tables[0].dim, tables[0].optimizer
+
+
+def init_scales(tables: list[TableConfig]) -> np.ndarray:
+    """[n_tables] float32: each table's init scale (its new rows ~ U(-scale, scale))."""
+    return np.array([t.init_scale for t in tables], dtype=np.float32)
 
 
 def tables_from_config(

@@ -10,15 +10,16 @@ compacts pools that are mostly free.
 
 >>> from tierec.config import PruneConfig
 >>> from tierec.embedding import EmbeddingCollection, TableConfig
->>> from tierec.prune import Pruner, pruned_group_factory
+>>> from tierec.prune import Pruner
+>>> from tierec.storage import storage_factory
 >>> cfg = PruneConfig(enabled=True, chunk=4, target_ratio=2.0)
 >>> coll = EmbeddingCollection([TableConfig(name="t", dim=8, features=["f"])], ["f"],
-...                            group_factory=pruned_group_factory(cfg))
+...                            group_factory=storage_factory(prune=cfg))
 >>> pruner = Pruner(coll, cfg)    # pruner.step() every cfg.every training steps
 """
 
 from tierec.prune.chunk_pool import ChunkPool
 from tierec.prune.group import PrunedGroup
-from tierec.prune.pruner import Pruner, PruneStep, pruned_group_factory
+from tierec.prune.pruner import Pruner, PruneStep
 
-__all__ = ["ChunkPool", "PruneStep", "PrunedGroup", "Pruner", "pruned_group_factory"]
+__all__ = ["ChunkPool", "PruneStep", "PrunedGroup", "Pruner"]

@@ -1,4 +1,4 @@
-"""PrunedGroup: a TableGroup whose rows are chunks in a shared ChunkPool, each row a prefix.
+"""PrunedGroup: the storage of a table group whose rows are chunks in a shared ChunkPool, each row a prefix.
 
 Row ``r`` maps its chunk positions to pool chunks through ``cmap[r]``
 (the virtual-to-physical index, ``[R, D/c]`` int32, -1 past the row's
@@ -40,18 +40,18 @@ from torch import Tensor
 
 from tierec.config import ConfigError, OptimizerKind, PruneConfig
 from tierec.embedding import kernels as engine_kernels
-from tierec.embedding.changes import ChangeLog, TracksChanges
+from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
-from tierec.embedding.storage import record_chunks
-from tierec.embedding.table import TableConfig
+from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.table import TableConfig, group_layout, init_scales
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
 from tierec.prune.pool_ops import pool_chunked, pool_chunked_torch
 
 
-class PrunedGroup(TracksChanges):
+class PrunedGroup:
     counts_accesses = True  # importance (frequency, shrinkage counts) needs the accesses of each row
 
     def __init__(
@@ -65,14 +65,13 @@ class PrunedGroup(TracksChanges):
         """``pool``: where the chunks live (the placement): a ChunkPool in memory (the default, made
         here) or a :class:`~tierec.prune.tiered_pool.TieredChunkPool`, with this group's chunk size
         and per-dim state (:meth:`dim_state_of`)."""
-        keys = {t.group_key() for t in tables}
-        if len(keys) != 1:
-            raise ValueError(f"tables of one group must share dim and optimizer, got {keys}")
         self.tables = tables
-        self.dim = tables[0].dim
-        self.optimizer = tables[0].optimizer
-        self.seed = seed
+        self.dim, self.optimizer = group_layout(tables)
+        self.seed = seed  # of new rows' values
         self.device = torch.device(device)
+        self.scales = init_scales(tables)  # [n_tables]
+        self.step = 0  # updates applied (Adam's bias correction)
+        self.changes = ChangeTracker(len(tables))  # rows changed since the last publication, once started
         if self.device.type != "cpu":
             raise NotImplementedError("pruned tables run on the CPU only (the chunk kernels are numba)")
         if self.dim % cfg.chunk:
@@ -85,7 +84,6 @@ class PrunedGroup(TracksChanges):
         self.by_grad = cfg.importance == "gradient"
         self.shrinkage = float(cfg.shrinkage) if self.by_grad else 0.0
         self.index = HashIndex(n_tables=len(tables))
-        self.scales = np.array([t.init_scale for t in tables], dtype=np.float32)  # [n_tables]
         shapes = state_shapes(self.optimizer.kind, self.dim)
         self.row_state_init = {n: initial_state_value(self.optimizer, n) for n, s in shapes.items() if not s}
         self.chunks = pool if pool is not None else ChunkPool(self.chunk, self.dim_state_of(self.optimizer, self.dim))
@@ -100,8 +98,6 @@ class PrunedGroup(TracksChanges):
         self.regrown = np.zeros(len(tables), dtype=np.int64)  # chunks grown back, per table
         self.evicted = np.zeros(len(tables), dtype=np.int64)  # rows forgotten at dim 0, per table
         self.decays = np.zeros(len(tables), dtype=np.int64)  # importance decays so far (a delta's catch-up)
-        self.step = 0
-        self._changes: ChangeLog | None = None  # rows changed since the last publication, once tracked
         # a record: full-dim weights, each per-dim state, per-row state, then the row's dims
         self.record_width = self.dim * (1 + len(self.chunks.dim_state)) + len(self.row_state) + 1
 
@@ -147,7 +143,7 @@ class PrunedGroup(TracksChanges):
 
     def _init_rows(self, rows: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
         """New rows get ``init_chunks`` chunks holding the same values a TableGroup would give them."""
-        self._note(keys, tabs)
+        self.changes.changed(keys, tabs)
         self._set_chunks(rows, np.full(rows.shape[0], self.init_chunks, dtype=np.int64))
         w = np.empty((rows.shape[0], self.dim), dtype=np.float32)
         engine_kernels.init_rows(w, np.arange(rows.shape[0]), keys, tabs.astype(np.int32), self.scales, self.seed)
@@ -248,7 +244,7 @@ class PrunedGroup(TracksChanges):
         v = view if view is not None else self.view(r)
         hits = np.ones(r.shape[0], dtype=np.float32) if hits is None else np.ascontiguousarray(hits, dtype=np.float32)
         known = r[r >= 0]
-        self._note(self.index.row_keys[known], self.index.row_tabs[known])
+        self.changes.changed(self.index.row_keys[known], self.index.row_tabs[known])
         if self.shrinkage:
             self.count[known] += hits[r >= 0]  # the rows of a batch are unique
         pw, cm, kr, st, ln, by = v.arrays["weights"], v.cmap, v.rows, v.start, v.length, self.by_grad
@@ -332,7 +328,7 @@ class PrunedGroup(TracksChanges):
         if (counts[grow] > live[grow] + 1).any():
             raise ValueError("a row grows back at most one chunk per pruning step")
         moved = np.concatenate([shrink, grow])
-        self._note(self.index.row_keys[moved], self.index.row_tabs[moved])
+        self.changes.changed(self.index.row_keys[moved], self.index.row_tabs[moved])
         if shrink.size:
             first = self.cmap[shrink, counts[shrink]]  # the first chunk each shrinking row loses
             self.next_imp[shrink] = self.chunks.importance[first]
@@ -372,7 +368,7 @@ class PrunedGroup(TracksChanges):
         tabs = self.index.row_tabs[:n]
         gone = np.ones(n, dtype=bool)
         gone[keep] = False
-        self._note_deleted(self.index.row_keys[:n][gone], tabs[gone])
+        self.changes.deleted(self.index.row_keys[:n][gone], tabs[gone])
         index = HashIndex(initial_rows=max(int(keep.size * 1.25), 16), n_tables=len(self.tables))
         if keep.size:
             index.lookup(self.index.row_keys[keep].copy(), tabs[keep].astype(np.int32), insert=True)
@@ -531,7 +527,7 @@ class PrunedGroup(TracksChanges):
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         tabs = np.full(ids.shape[0], t, dtype=np.int32)
         rows = self.lookup(ids, tabs, insert=True).numpy()
-        self._note(ids, tabs)
+        self.changes.changed(ids, tabs)
         dense = "weights" in sd  # a plain TableGroup's state: every row at full dim
         dims = np.full(ids.shape[0], self.dim) if dense else sd["dims"].numpy().astype(np.int64)
         self._set_chunks(rows, dims // self.chunk)
@@ -571,12 +567,11 @@ class PrunedGroup(TracksChanges):
 
     def table_state(self, t: int) -> dict[str, Tensor]:
         """The whole table ``t`` at once: its meta and the records of all its rows."""
-        return {**self.table_meta(t), **self.records(t, self.rows_of(t, 0, self.row_extent()))}
+        return whole_table_state(self, t)
 
     def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
         """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
-        self.load_table_meta(t, sd)
-        self.write_records(t, sd)
+        load_whole_table_state(self, t, sd)
 
     # ------------------------------------------------------------------- records
 
@@ -596,7 +591,7 @@ class PrunedGroup(TracksChanges):
 
     def put_records(self, keys: np.ndarray, tabs: np.ndarray, records: np.ndarray) -> None:
         rows = self.lookup(keys, tabs.astype(np.int32, copy=False), insert=True).numpy()
-        self._note(keys, tabs)
+        self.changes.changed(keys, tabs)
         rec = np.ascontiguousarray(records, dtype=np.float32)
         self._set_chunks(rows, rec[:, -1].astype(np.int64) // self.chunk)
         col = 0
@@ -638,7 +633,7 @@ class PrunedGroup(TracksChanges):
         r, v = rows[ok], np.asarray(values, dtype=np.float32)[ok]
         if not r.size:
             return
-        self._note(np.asarray(keys)[ok], np.asarray(tabs)[ok])
+        self.changes.changed(np.asarray(keys)[ok], np.asarray(tabs)[ok])
         cm = self.cmap[r]
         live = cm >= 0
         self.chunks.importance[cm[live]] = v[:, : self.n_pos][live]
@@ -648,13 +643,13 @@ class PrunedGroup(TracksChanges):
 
     # ------------------------------------------------------ delta checkpoints (tierec/embedding/changes.py)
 
-    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+    def record_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """Rows of known ``(table, id)`` pairs (-1: unknown); moves nothing."""
         return self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
 
     def delete_records(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """Forget the rows of the known ``(table, id)`` pairs (a delta's rows evicted at dim 0)."""
-        rows = self._find(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32))
+        rows = self.record_rows(np.asarray(keys, dtype=np.int64), np.asarray(tabs, dtype=np.int32))
         rows = np.unique(rows[rows >= 0])
         if rows.size:
             self._set_chunks(rows, np.zeros(rows.size, dtype=np.int64))

@@ -16,9 +16,9 @@ to grow that chunk back.
 >>> from tierec.batch import SparseFeatures
 >>> from tierec.config import PruneConfig
 >>> from tierec.embedding import EmbeddingCollection, TableConfig
->>> from tierec.prune import pruned_group_factory
+>>> from tierec.storage import storage_factory
 >>> coll = EmbeddingCollection([TableConfig(name="t", dim=8, features=["f"])], ["f"],
-...                            group_factory=pruned_group_factory(PruneConfig(chunk=4)))
+...                            group_factory=storage_factory(prune=PruneConfig(chunk=4)))
 >>> out = coll(SparseFeatures.one_hot(("f",), torch.tensor([[3], [4]])))  # pool_chunked
 >>> out.sum().backward()  # the chunked fused optimizer ran
 >>> out.shape

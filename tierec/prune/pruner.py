@@ -13,10 +13,11 @@ budget, so the bytes really fall.
 
 >>> from tierec.config import PruneConfig
 >>> from tierec.embedding import EmbeddingCollection, TableConfig
->>> from tierec.prune import Pruner, pruned_group_factory
+>>> from tierec.prune import Pruner
+>>> from tierec.storage import storage_factory
 >>> cfg = PruneConfig(enabled=True, chunk=4, target_ratio=2.0)
 >>> coll = EmbeddingCollection([TableConfig(name="t", dim=8, features=["f"])], ["f"],
-...                            group_factory=pruned_group_factory(cfg))
+...                            group_factory=storage_factory(prune=cfg))
 >>> pruner = Pruner(coll, cfg)
 >>> pruner.due(100), pruner.due(150)
 (True, False)
@@ -32,23 +33,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from tierec.config import ConfigError, PruneConfig
 from tierec.embedding import EmbeddingCollection, TableConfig
-from tierec.embedding.storage import StorageFactory
-from tierec.prune.group import PrunedGroup
 from tierec.prune.select import JobReduce, OneProcess, Positions, select_spread
-
-
-def pruned_group_factory(cfg: PruneConfig) -> StorageFactory:
-    """An EmbeddingCollection ``group_factory`` that stores every group as chunks."""
-
-    def make(tables: list[TableConfig], seed: int, device: torch.device | str) -> PrunedGroup:
-        check_chunk_dim(tables, cfg)
-        return PrunedGroup(tables, cfg, seed=seed, device=device)
-
-    return make
 
 
 def check_chunk_dim(tables: list[TableConfig], cfg: PruneConfig) -> None:

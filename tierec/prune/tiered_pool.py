@@ -2,11 +2,12 @@
 
 With both ``store.enabled`` and ``prune.enabled`` the chunk is what the tiers
 hold: every live chunk is one record ``[c weights | c values of each per-dim
-optimizer state]`` of a :class:`~tierec.store.group.TieredGroup` keyed by its
-chunk number, so hot chunks sit in the bounded fast tier, the rest in host
-DRAM or on disk, and a pruned chunk frees its record wherever it lives. What
-stays in RAM for every chunk is its importance (one float, like the store's
-directory entry); per-row data (chunk maps, claims, counts, row-wise Adagrad's
+optimizer state]`` (a :meth:`~tierec.embedding.layout.RecordLayout.chunks`
+layout) of a :class:`~tierec.store.group.TierStore` keyed by its chunk number,
+so hot chunks sit in the bounded fast tier, the rest in host DRAM or on disk,
+and a pruned chunk frees its record wherever it lives. What stays in RAM for
+every chunk is its importance (one float, like the store's directory entry);
+per-row data (chunk maps, claims, counts, row-wise Adagrad's
 state) stays with the PrunedGroup.
 
 The chunked kernels run unchanged on the fast tier: :meth:`resident` brings a
@@ -31,21 +32,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tierec.config import OptimizerConfig, OptimizerKind
-from tierec.embedding.table import TableConfig
+from tierec.embedding.layout import RecordLayout
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkView
-from tierec.store.group import TieredGroup
+from tierec.store.group import TierStore
 from tierec.store.spec import TierSpec
-
-# The chunk store's optimizer only sets its record layout (per-dim state beside the weights);
-# the updates themselves are the PrunedGroup's chunked kernels.
-_RECORD_KIND = {
-    OptimizerKind.SGD: OptimizerKind.SGD,
-    OptimizerKind.ROWWISE_ADAGRAD: OptimizerKind.SGD,  # its one float per row stays with the row
-    OptimizerKind.ADAGRAD: OptimizerKind.ADAGRAD,
-    OptimizerKind.ADAM: OptimizerKind.ADAM,
-}
 
 
 class TieredChunkPool:
@@ -54,16 +45,15 @@ class TieredChunkPool:
         chunk: int,
         dim_state: dict[str, float],
         spec: TierSpec,
-        kind: OptimizerKind = OptimizerKind.SGD,
         seed: int = 0,
         name: str = "chunks",
     ) -> None:
+        """``dim_state``: the initial value of each optimizer state with one value per dim (the chunks hold
+        it beside the weights; the updates are the PrunedGroup's chunked kernels); ``name``: the chunk
+        store's in store statistics."""
         self.chunk = chunk
         self.dim_state = dict(dim_state)
-        table = TableConfig(name=name, dim=chunk, features=[name], optimizer=OptimizerConfig(kind=_RECORD_KIND[kind]))
-        self.store = TieredGroup([table], spec, seed=seed)
-        if set(self.store.state) != set(self.dim_state):
-            raise ValueError(f"chunk records hold state {sorted(self.store.state)}, the pool needs {sorted(self.dim_state)}")
+        self.store = TierStore(RecordLayout.chunks(name, chunk, self.dim_state), spec, seed=seed)
         self.importance = np.zeros(0, dtype=np.float32)  # [P] per chunk number, in RAM
         self._free = np.zeros(0, dtype=np.int64)  # stack of free chunk numbers, the top at the end
         self._n_free = 0
@@ -168,7 +158,7 @@ class TieredChunkPool:
             col += self.chunk
         return out
 
-    def tier_stores(self) -> list[TieredGroup]:
+    def tier_stores(self) -> list[TierStore]:
         return [self.store]
 
     def close(self) -> None:

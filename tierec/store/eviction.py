@@ -5,11 +5,13 @@ last use), never a row pinned by the batch in flight, and rows kept for a later 
 read-ahead window only when nothing else is left. Where they go (host or disk) is the group's.
 
 >>> import numpy as np
->>> from tierec.config import OptimizerConfig
+>>> from tierec.embedding.layout import RecordLayout
+>>> from tierec.embedding.table import TableConfig
 >>> from tierec.store.directory import Directory
 >>> from tierec.store.fast_tier import FastTier
 >>> from tierec.store.spec import CachePolicy
->>> fast, d = FastTier(3, 2, OptimizerConfig(), "cpu"), Directory(cache_slots=4)
+>>> layout = RecordLayout.of_tables([TableConfig(name="t", dim=2, features=["f"])])
+>>> fast, d = FastTier(3, layout, "cpu"), Directory(cache_slots=4)
 >>> slots = fast.take(3); fast.slot_lid[slots] = [0, 1, 2]; d.c_freq[slots] = [5.0, 1.0, 3.0]
 >>> Eviction(CachePolicy.LFU).choose(fast, d, clock=1, wanted=1)[0].tolist()  # the least used
 [2]

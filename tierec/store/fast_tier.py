@@ -13,9 +13,9 @@ may leave (``evictable``); which of them leave, and where to, is the group's
 (tierec/store/group.py).
 
 >>> import numpy as np
->>> from tierec.config import OptimizerKind
->>> from tierec.config import OptimizerConfig
->>> fast = FastTier(3, 2, OptimizerConfig(kind=OptimizerKind.ROWWISE_ADAGRAD), "cpu")
+>>> from tierec.embedding.layout import RecordLayout
+>>> from tierec.embedding.table import TableConfig
+>>> fast = FastTier(3, RecordLayout.of_tables([TableConfig(name="t", dim=2, features=["f"])]), "cpu")  # row-wise Adagrad
 >>> slots = fast.take(2); slots.tolist(), fast.n_free
 ([1, 2], 1)
 >>> fast.scatter(slots, np.array([[1, 2, 0.5], [3, 4, 0.25]], dtype=np.float32))
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from tierec.device import copy_to
-from tierec.embedding.optimizers import new_state, state_shapes
+from tierec.embedding.layout import RecordLayout
 from tierec.store import hotness
 
 ZERO_SLOT = 0
@@ -56,23 +56,18 @@ def _scatter_cols(dst, slots, rec, col):
             dst[r, j] = rec[i, col + j]
 
 
-def state_widths(optimizer, dim: int) -> dict[str, int]:
-    """Float32 words of each optimizer state per row (a record is the weights, then these in turn)."""
-    return {k: int(np.prod(s, dtype=np.int64)) for k, s in state_shapes(optimizer.kind, dim).items()}
-
-
 class FastTier:
-    def __init__(self, capacity: int, dim: int, optimizer, device: torch.device | str, in_flight: int = 1) -> None:
+    def __init__(self, capacity: int, layout: RecordLayout, device: torch.device | str, in_flight: int = 1) -> None:
         self.capacity = capacity
         self.in_flight = in_flight  # a slot used by lookup c stays pinned until lookup c + in_flight starts
-        self.dim = dim
+        self.dim = layout.dim
         self.device = torch.device(device)
-        self.state_widths = state_widths(optimizer, dim)
-        self.record_width = dim + sum(self.state_widths.values())  # float32 per row
+        self.state_widths = layout.widths  # float32 words of each optimizer state per row
+        self.record_width = layout.width  # float32 per row: the weights, then each state in turn
         # [capacity + 1, D] with slot 0 the shared zero row; pages are touched on use.
-        self.weights = torch.empty(capacity + 1, dim, device=self.device)
+        self.weights = torch.empty(capacity + 1, self.dim, device=self.device)
         self.weights[ZERO_SLOT].zero_()
-        self.state = new_state(optimizer, capacity + 1, dim, self.device)
+        self.state = layout.new_state(capacity + 1, self.device)
         self.slot_lid = np.full(capacity + 1, -1, dtype=np.int32)  # [C+1] directory row in each slot
         self.pin = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
         self.keep = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] a later lookup of the read-ahead window needs it

@@ -1,23 +1,32 @@
-"""TieredGroup: a TableGroup whose ``weights``/``state`` are a bounded fast tier over host DRAM and disk.
+"""TieredGroup: the storage of a table group's whole rows in a bounded fast tier over host DRAM and disk.
 
-It is made of a :class:`~tierec.store.directory.Directory` (where each row lives),
+A :class:`TierStore` holds records of one :class:`~tierec.embedding.layout.RecordLayout`
+(weights, then optimizer state) keyed by (key space, id) in the tiers; a
+``TieredGroup`` is the TierStore of a table group's rows
+(``RecordLayout.of_tables``) that also trains them (``update``, ``pool``) and
+implements :class:`~tierec.embedding.storage.RowStorage`. A tiered chunk pool
+(tierec/prune/tiered_pool.py) holds a TierStore of chunk records
+(``RecordLayout.chunks``), with no table behind it.
+
+A TierStore is made of a :class:`~tierec.store.directory.Directory` (where each row lives),
 a :class:`~tierec.store.fast_tier.FastTier` (the cached rows and their slots), a
 :class:`~tierec.store.host.HostTier` and a :class:`~tierec.store.disk.DiskTier`
 below it, a :class:`~tierec.store.codec.RowCodec` for their records, and two
 policies: :class:`~tierec.store.admission.Admission` (which new ids get a row)
 and :class:`~tierec.store.eviction.Eviction` (which rows leave the fast tier);
-this class moves rows between them. Two more parts work on the same
+it moves rows between them. Two more parts work on the same
 tiers: the periodic hotness pass (:class:`~tierec.store.policies.HotnessPass`)
 and the checkpoint records (:class:`~tierec.store.state.TierRecords`). The
-group builds both in its constructor, gives each the parts it works on and the
+store builds both in its constructor, gives each the parts it works on and the
 few row moves it needs (a :class:`~tierec.store.moves.TierMoves`), and its
 public methods (``maintain``, ``records``, ``write_records``, ...) delegate to
 them under its lock.
 
 The fast tier is a cache of ``capacity`` slots (GPU memory when the group's
 device is a GPU, else a compact DRAM cache); the engine's kernels read and
-update it exactly as they read a plain group's table, because ``lookup``
-returns cache slots. Behind it every row has one home: host DRAM (a
+update it exactly as they read a plain group's table (its ``weights`` and
+``state`` are the fast tier's, and the two groups share the whole-row helpers
+of tierec/embedding/group.py), because ``lookup`` returns cache slots. Behind it every row has one home: host DRAM (a
 :class:`HostTier`, exclusive: a host row moves up and frees its slot) or disk
 (a :class:`DiskTier`, inclusive: the disk copy stays valid until the cached
 copy is written to). ``lookup`` brings a batch's missing rows up and evicts
@@ -69,14 +78,19 @@ import torch
 from torch import Tensor
 
 from tierec.config import ColdPrecision
-from tierec.embedding.group import TableGroup
+from tierec.embedding.changes import ChangeTracker
+from tierec.embedding.group import TableGroup, gather_dense, init_dense_rows
+from tierec.embedding.optimizers import apply_update
+from tierec.embedding.pool_ops import BagLayout, pool_dense
+from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.layout import RecordLayout
 from tierec.embedding.table import TableConfig
 from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.eviction import Eviction
-from tierec.store.fast_tier import ZERO_SLOT, FastTier, state_widths
+from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
@@ -93,13 +107,17 @@ class StoreFullError(RuntimeError):
     """Rows must leave the fast tier but no slower tier has room."""
 
 
-class TieredGroup(TableGroup):
-    def __init__(
-        self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
-    ) -> None:
-        self._describe(tables, seed, device)  # a TableGroup's description; its rows live here instead
+class TierStore:
+    """The tiers of one store of records (``layout``), keyed by (key space, id); see the module's docstring."""
+
+    def __init__(self, layout: RecordLayout, spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.layout = layout
+        self.dim = layout.dim
+        self.seed = seed  # of new rows' values, and of the cold codec's rounding
+        self.device = torch.device(device)
+        self.changes = ChangeTracker(layout.n_spaces)  # rows changed since the last publication, once started
         self.spec = spec
-        self.record_width = self.dim + sum(state_widths(self.optimizer, self.dim).values())  # float32 per row
+        self.record_width = layout.width  # float32 per row
         self.capacity = spec.cache_bytes // (4 * self.record_width)  # rows in the fast tier
         if self.capacity < 1:
             raise CacheCapacityError(
@@ -109,10 +127,9 @@ class TieredGroup(TableGroup):
         # so a lookup run ahead moves the rows the sequential one would (the numbers depend on them); else 1,
         # and 2 only in a lookup run ahead (lookup_ahead), where the batch before it is still computing
         lossy = spec.cold_precision is not ColdPrecision.FP32
-        self.fast = FastTier(self.capacity, self.dim, self.optimizer, self.device, spec.in_flight if lossy else 1)
+        self.fast = FastTier(self.capacity, layout, self.device, spec.in_flight if lossy else 1)
         self._in_flight: int | None = None  # the rule of the lookup running now, when not the fast tier's
-        self.weights, self.state = self.fast.weights, self.fast.state  # what the group's kernels read and update
-        self.index = Directory(n_tables=len(tables), cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
+        self.index = Directory(n_tables=layout.n_spaces, cache_slots=self.capacity + 1, track_last=spec.ttl_steps > 0)
         # Host and disk hold records encoded by the codec (spec.cold_precision): codec.words 4-byte words each.
         self.codec = row_codec(spec.cold_precision, self.dim, list(self.fast.state_widths.values()), seed)
         host_rows = None if spec.host_bytes is None else spec.host_bytes // (4 * self.codec.words)
@@ -130,7 +147,7 @@ class TieredGroup(TableGroup):
         )
         self.admission = Admission(spec, seed)  # which new ids get a row
         self.eviction = Eviction(spec.cache_policy)  # which rows leave the fast tier
-        self.counters = np.zeros((len(tables), len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
+        self.counters = np.zeros((layout.n_spaces, len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
@@ -147,13 +164,38 @@ class TieredGroup(TableGroup):
             read_rows=weakly(self.read_rows),
             store_away=weakly(self._store_away),
             count=weakly(self._count),
-            note=weakly(self._note),
-            note_deleted=weakly(self._note_deleted),
+            note=self.changes.changed,
+            note_deleted=self.changes.deleted,
         )
         self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves)
         self.tier_records = TierRecords(
             self.index, self.fast, self.codec, self.host, self.disk, self.admission, self.counters, moves
         )
+
+    # ------------------------------------------------------------ rows
+
+    @property
+    def weights(self) -> Tensor:  # [capacity + 1, D]: the fast tier's, what the kernels read and update
+        return self.fast.weights
+
+    @property
+    def state(self) -> dict[str, Tensor]:  # the fast tier's optimizer state, by name
+        return self.fast.state
+
+    @property
+    def num_rows(self) -> int:
+        return self.index.num_rows
+
+    def rows_per_table(self) -> np.ndarray:  # [n_tables]
+        return self.index.rows_per_table(self.layout.n_spaces)
+
+    def bytes_per_row(self) -> int:  # bytes of weights plus optimizer state for one row
+        return 4 * self.record_width
+
+    def _init_rows(self, slots: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """New rows in fast-tier ``slots``: the values a plain group would give them (zeros without scales)."""
+        init_dense_rows(self.weights, self.state, self.layout, self.seed, slots, keys, tabs)
+        self.changes.changed(keys, tabs)
 
     # ------------------------------------------------------------ lookups
 
@@ -270,18 +312,7 @@ class TieredGroup(TableGroup):
             else:
                 self.staging.release(token)
 
-    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
-        """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
-        if self.spec.admission:
-            keep = rows != ZERO_SLOT
-            if not bool(keep.all()):
-                rows, grad = rows[keep], grad[keep]
-        super().update(rows, grad)
-
-    def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
-        return False  # the update skips the shared zero slot: always the two-pass backward
-
-    def prefetcher(self) -> TieredGroup | None:
+    def prefetcher(self) -> TierStore | None:
         # host rows are a copy away: nothing to read ahead; nor with no memory left for it
         return self if self.disk is not None and self.spec.stage_bytes != 0 else None
 
@@ -290,7 +321,7 @@ class TieredGroup(TableGroup):
         no bound)."""
         return self.staging.stats.dropped_rows, self.staging.nbytes(), self.spec.stage_bytes
 
-    def tier_stores(self) -> list[TieredGroup]:
+    def tier_stores(self) -> list[TierStore]:
         return [self]
 
     # ---------------------------------------------------- data movement
@@ -306,7 +337,7 @@ class TieredGroup(TableGroup):
         self._count(Counter.MISSES, tabs[miss][loc[miss] != LOC_NONE])
         if lids.size > self.capacity:
             raise CacheCapacityError(
-                f"a batch needs {lids.size} rows of tables {[t.name for t in self.tables]} resident together, but "
+                f"a batch needs {lids.size} rows of tables {list(self.layout.names)} resident together, but "
                 f"the fast tier holds {self.capacity} ({format_size(self.spec.cache_bytes)}): raise {self.spec.cache_key} "
                 f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
             )
@@ -331,7 +362,7 @@ class TieredGroup(TableGroup):
         if movable < required and not best_effort:
             pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - movable
             raise CacheCapacityError(
-                f"the fast tier of tables {[t.name for t in self.tables]} holds {self.capacity} rows; a lookup needs "
+                f"the fast tier of tables {list(self.layout.names)} holds {self.capacity} rows; a lookup needs "
                 f"{required} more while {pinned} are pinned by batches in flight: raise {self.spec.cache_key} "
                 f"(now {format_size(self.spec.cache_bytes)}) or lower the batch size"
                 + (" (or set store.lookup_ahead = false: then one batch's rows are pinned, not two)" if self.fast.in_flight > 1 else "")
@@ -382,7 +413,7 @@ class TieredGroup(TableGroup):
         if rest.size:
             if self.disk is None:
                 raise StoreFullError(
-                    f"tables {[t.name for t in self.tables]} outgrew their memory budget "
+                    f"tables {list(self.layout.names)} outgrew their memory budget "
                     f"(host tier full at {self.host.max_rows if self.host else 0} rows): "
                     "set store.disk_path, raise store.memory_budget, or bound the table with store.max_rows"
                 )
@@ -448,7 +479,7 @@ class TieredGroup(TableGroup):
 
     def _count(self, counter: Counter, tabs: np.ndarray) -> None:
         if tabs.size:
-            self.counters[:, counter] += np.bincount(tabs, minlength=len(self.tables))
+            self.counters[:, counter] += np.bincount(tabs, minlength=self.layout.n_spaces)
 
     # ------------------------------------------------------- row access
 
@@ -467,7 +498,7 @@ class TieredGroup(TableGroup):
         with self._lock:
             lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
             lids = lids[lids >= 0]
-            self._note_deleted(self.index.keys[lids], self.index.tabs[lids])
+            self.changes.deleted(self.index.keys[lids], self.index.tabs[lids])
             self.free_rows(lids)
             self.index.delete(lids)
 
@@ -476,7 +507,8 @@ class TieredGroup(TableGroup):
             lids = self.fast.slot_lid[np.asarray(rows, dtype=np.int64)]  # rows are fast-tier slots
             return self.index.keys[lids], self.index.tabs[lids]
 
-    def _find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+    def record_rows(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+        """The rows (lids) :meth:`records` takes of known ``(table, id)`` pairs (-1: unknown); moves nothing."""
         with self._lock:
             return self.index.find(keys, tabs)
 
@@ -589,21 +621,21 @@ class TieredGroup(TableGroup):
         """Per table: event counters, rows per tier, hit rate and disk bytes (cumulative)."""
         with self._lock:
             d = self.index
-            n_t = len(self.tables)
+            n_t = self.layout.n_spaces
             occupied = self.fast.slot_lid[self.fast.slot_lid >= 0]
             in_cache = np.bincount(d.tabs[occupied], minlength=n_t)
             by_loc = d.rows_by_loc(n_t)
             on_host, on_disk = by_loc[LOC_HOST], by_loc[LOC_DISK]
             rec_bytes = self.disk.rec_bytes if self.disk is not None else 4 * self.record_width
             out = {}
-            for t, table in enumerate(self.tables):
+            for t, name in enumerate(self.layout.names):
                 c = {k.name.lower(): int(self.counters[t, k]) for k in Counter}
                 looked = c["hits"] + c["misses"] + c["new"]
                 c["hit_rate"] = c["hits"] / looked if looked else float("nan")
                 c["rows_cache"], c["rows_host"], c["rows_disk"] = int(in_cache[t]), int(on_host[t]), int(on_disk[t])
                 c["disk_read_bytes"] = c["disk_read_rows"] * rec_bytes
                 c["disk_write_bytes"] = c["disk_write_rows"] * rec_bytes
-                out[table.name] = c
+                out[name] = c
             return out
 
     # ------------------------------------------------------------ state
@@ -613,3 +645,61 @@ class TieredGroup(TableGroup):
         self.staging.clear()
         if self.disk is not None:
             self.disk.close()
+
+
+class TieredGroup(TierStore):
+    """A table group's :class:`~tierec.embedding.storage.RowStorage` in the tiers: a :class:`TierStore` of
+    its tables' rows (:meth:`RecordLayout.of_tables`), trained by its optimizer."""
+
+    counts_accesses = False  # update() ignores how many ids each row served
+
+    def __init__(
+        self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
+    ) -> None:
+        super().__init__(RecordLayout.of_tables(tables), spec, seed, device)
+        self.tables = tables
+        self.optimizer = tables[0].optimizer  # shared by the tables (RecordLayout.of_tables checked)
+        self.step = 0  # updates applied (Adam's bias correction)
+
+    def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
+        """Pooled ``[B, F_g, D]`` from the fast-tier slots ``rows`` [U] (a plain group's ``pool``)."""
+        return pool_dense(self, rows, layout, train=train, anchor=anchor, fused=fused)
+
+    def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] of fast-tier slots ``rows``; -1 reads zeros
+        return gather_dense(self.weights, rows)
+
+    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
+        """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
+        if self.spec.admission:
+            keep = rows != ZERO_SLOT
+            if not bool(keep.all()):
+                rows, grad = rows[keep], grad[keep]
+        self.step += 1
+        apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
+        if self.changes.on:
+            self.changes.changed(*self._row_pairs(rows.cpu().numpy()))
+
+    def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
+        return False  # the update skips the shared zero slot: always the two-pass backward
+
+    def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
+        raise NotImplementedError("a tiered group's backward is two passes (fused_reduce_update() is False)")
+
+    def pruning(self) -> None:  # whole rows: nothing to prune
+        return None
+
+    def empty_in_memory(self) -> TableGroup:
+        """An empty plain group of the same tables, seed and device (a hot-row replica: whole rows)."""
+        return TableGroup(self.tables, seed=self.seed, device=self.device)
+
+    def iter_records(self, t: int, max_rows: int):
+        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
+        return record_chunks(self, t, max_rows)
+
+    def table_state(self, t: int) -> dict[str, Tensor]:
+        """The whole table ``t`` at once: its meta and the records of all its rows."""
+        return whole_table_state(self, t)
+
+    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
+        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
+        load_whole_table_state(self, t, sd)

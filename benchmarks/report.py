@@ -4,7 +4,7 @@
 >>> print(markdown_table(["a", "b"], [[1, 2.5]]))
 | a | b |
 |---|---|
-| 1 | 2.5 |
+| 1 | 2.50 |
 """
 
 from __future__ import annotations

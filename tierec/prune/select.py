@@ -20,10 +20,10 @@ does not fit and each keeps its own positions before it.
 >>> import numpy as np
 >>> s = np.array([[3, 2, 2, 1], [2, 2, 1, 1]], dtype=np.float32)   # [rows, positions]
 >>> keys = np.array([7, 5], dtype=np.uint64)
->>> select([s], [10], 40, [keys])[0][0].tolist()                      # 3, then the 2s of row 1 (key 5) first
+>>> select([s], [10], 30, [keys])[0][0].tolist()                      # 3, then the 2s of row 1 (key 5) first
 [1, 2]
 >>> halves = [Positions([s[:1]], [10], [keys[:1]]), Positions([s[1:]], [10], [keys[1:]])]
->>> [c[0].tolist() for c in select_spread(halves, 40, OneProcess())[0]]
+>>> [c[0].tolist() for c in select_spread(halves, 30, OneProcess())[0]]
 [[1], [2]]
 """
 

@@ -11,7 +11,7 @@ optimizer state, dense model and optimizer, RNG) is in the checkpoint.
 >>> from tierec.train.trainer import Trainer
 >>> cfg = load_config(None, ["data.synthetic.train_rows=4096", "data.synthetic.test_rows=1024",
 ...                          "train.batch_size=1024", "train.progress=false"])
->>> import tempfile; summary = Trainer(cfg, tempfile.mkdtemp()).fit()
+>>> import tempfile; summary = Trainer(cfg, tempfile.mkdtemp(), echo=lambda _: None).fit()  # echo: where lines go
 >>> summary["steps"]
 4
 """

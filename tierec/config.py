@@ -258,8 +258,8 @@ class StoreConfig:
     without ``prefetch``), so ``prune.enabled`` is refused with it; resume from a checkpoint is
     exact (same store sizes).
 
-    ``prefetch`` reads the disk rows of the next window of up to ``prefetch_depth`` batches on the
-    disk tier's read-ahead threads while the current window computes (tierec/store/pipeline.py;
+    ``prefetch`` reads the disk rows (pruned tables: the rows' chunks) of the next window of up to
+    ``prefetch_depth`` batches on the disk tier's read-ahead threads while the current window computes (tierec/store/pipeline.py;
     windows get shorter while their rows do not fit in their share of the budget); it changes no
     number.
 

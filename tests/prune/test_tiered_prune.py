@@ -21,8 +21,6 @@ from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner
 from tierec.prune.group import chunk_store_name
 from tierec.prune.tiered_pool import TieredChunkPool
-from tierec.prune.group import chunk_store_name
-from tierec.prune.tiered_pool import TieredChunkPool
 from tierec.storage import storage_factory
 from tierec.store.spec import TierSpec
 from tierec.train.checkpoint import load_checkpoint
@@ -108,6 +106,24 @@ def test_training_with_store_and_pruning_matches_pruning_alone(tmp_path: Path) -
     assert tiered["store"]["rows_disk"] > 0 and tiered["store"]["disk_read_rows"] > 0
     a, _ = load_checkpoint(tmp_path / "mem" / "checkpoints")
     b, _ = load_checkpoint(tmp_path / "tier" / "checkpoints")
+    emb = [k for k in a if k.startswith("emb/")]
+    assert emb and all(torch.equal(a[k], b[k]) for k in emb)
+
+
+def test_reading_chunks_ahead_changes_no_number(tmp_path: Path) -> None:
+    """store.prefetch with pruning: the chunks of the next window's rows are read ahead from disk (and the
+    cached ones kept), and the run ends with the same weights and metrics as reading them on demand."""
+    over = SMALL + ["data.synthetic.train_rows=20480", "data.synthetic.cardinality_scale=0.05", "store.enabled=true",
+                    "store.cache_size=160KiB", "store.host_size=8KiB"]
+    runs = {pf: Trainer(load_config(None, over + [f"store.prefetch={pf}", f"store.disk_path={tmp_path / ('disk-' + pf)}"]),
+                        tmp_path / pf).fit() for pf in ("false", "true")}
+    ahead = runs["true"]["store"]["pipeline"]
+    assert ahead["staged_used_rows"] > 0  # chunks read ahead were used
+    assert runs["true"]["store"]["disk_read_rows"] < runs["false"]["store"]["disk_read_rows"]
+    assert runs["true"]["test_auc"] == runs["false"]["test_auc"]
+    assert runs["true"]["prune"]["dim_hist"] == runs["false"]["prune"]["dim_hist"]
+    a, _ = load_checkpoint(tmp_path / "false" / "checkpoints")
+    b, _ = load_checkpoint(tmp_path / "true" / "checkpoints")
     emb = [k for k in a if k.startswith("emb/")]
     assert emb and all(torch.equal(a[k], b[k]) for k in emb)
 

@@ -145,6 +145,9 @@ class ChunkPool:
     def tier_stores(self) -> list:  # in memory: no tiered store
         return []
 
+    def prefetcher(self, chunks_of) -> None:  # in memory: nothing to read ahead
+        return None
+
     def close(self) -> None:
         pass
 

@@ -44,7 +44,7 @@ from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
-from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.storage import Prefetching, load_whole_table_state, record_chunks, whole_table_state
 from tierec.embedding.table import TableConfig, group_layout, init_scales
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
@@ -466,8 +466,18 @@ class PrunedGroup:
     def tier_stores(self) -> list:
         return self.chunks.tier_stores()
 
-    def prefetcher(self) -> None:  # the store's pipeline does not cover chunks (their chunks are read on demand)
-        return None
+    def prefetcher(self) -> Prefetching | None:
+        """The read-ahead of the chunks of upcoming batches' rows, where they live in tiers with a disk (else None)."""
+        return self.chunks.prefetcher(self.chunks_of)
+
+    def chunks_of(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(live chunk numbers [n], the position in ``keys`` of each one's row) of the known (table, id) pairs
+        (unknown ones have none); moves nothing."""
+        rows = self.index.lookup(keys, tabs.astype(np.int32, copy=False), insert=False).rows
+        known = np.flatnonzero(rows >= 0)
+        cm = self.cmap[rows[known]]  # [n_known, K]
+        live = cm >= 0
+        return cm[live].astype(np.int64), np.repeat(known, live.sum(axis=1))
 
     def pruning(self) -> PrunedGroup:
         return self

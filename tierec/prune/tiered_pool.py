@@ -28,6 +28,8 @@ are reused from a free list, so they stay dense without compaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -37,6 +39,9 @@ from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkView
 from tierec.store.group import TierStore
 from tierec.store.spec import TierSpec
+
+# (keys [n], tabs [n]) -> (live chunk numbers [m], the position in keys of each one's row)
+ChunksOf = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 class TieredChunkPool:
@@ -161,6 +166,13 @@ class TieredChunkPool:
     def tier_stores(self) -> list[TierStore]:
         return [self.store]
 
+    def prefetcher(self, chunks_of: ChunksOf) -> ChunkReadAhead | None:
+        """The read-ahead of this pool's chunks for upcoming (table, id) pairs, which ``chunks_of`` turns into
+        chunk numbers (and the pair each belongs to); None where the store has no disk to read from or no
+        memory for it."""
+        store = self.store.prefetcher()
+        return ChunkReadAhead(store, chunks_of) if store is not None else None
+
     def close(self) -> None:
         self.store.close()
 
@@ -220,3 +232,42 @@ def _local_cmap(cmap: np.ndarray, rows: np.ndarray) -> np.ndarray:  # [n, K] chu
     cm = cmap[np.maximum(rows, 0)].copy()
     cm[rows < 0] = -1
     return cm
+
+
+class ChunkReadAhead:
+    """The store pipeline's read-ahead (``embedding.storage.Prefetching``) for a pruned group's tiered chunks.
+
+    The pipeline names the (table, id) pairs of a window of upcoming batches
+    and the lookup each is last needed at; their rows' live chunks that live
+    only on disk are read on the store's read-ahead threads, and the ones in
+    the fast tier are kept there until then, unless a lookup needs their slots
+    (chunks are fp32 records: placement changes no number). A lookup takes a
+    chunk's record from the window while it is still current. The chunk store
+    counts more lookups than batches (new rows' chunks and pruning steps look
+    chunks up too), so a chunk's keep ends early rather than late. Chunks of
+    rows made or pruned after the window was read are read on demand.
+    """
+
+    def __init__(self, store: TierStore, chunks_of: ChunksOf) -> None:
+        self.store = store
+        self.chunks_of = chunks_of
+
+    @property
+    def staging(self):  # tierec.store.staging.Staging: its ``stats``
+        return self.store.staging
+
+    @property
+    def timers(self) -> dict[str, float]:
+        return self.store.timers
+
+    def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
+        ids, pair = self.chunks_of(keys, tabs)  # unique chunks: each belongs to one row
+        if ids.size == 0:
+            return None
+        return self.store.stage(ids, np.zeros(ids.size, dtype=np.int32), None if next_use is None else next_use[pair])
+
+    def release_staged(self, token: int | None = None) -> None:
+        self.store.release_staged(token)
+
+    def read_ahead_fill(self) -> tuple[int, int, int | None]:
+        return self.store.read_ahead_fill()

@@ -65,11 +65,10 @@ def record_bytes(t: TableConfig) -> int:
 
 
 class StorePlan:
-    def __init__(self, cfg: StoreConfig, collections: list[list[TableConfig]], read_ahead: bool = True) -> None:
-        """``collections``: the tables of every collection the run builds (for the budget split); ``read_ahead``:
-        whether ``store.prefetch`` applies (not to pruned tables: their chunks are read on demand)."""
+    def __init__(self, cfg: StoreConfig, collections: list[list[TableConfig]]) -> None:
+        """``collections``: the tables of every collection the run builds (for the budget split)."""
         self.cfg = cfg
-        self.read_ahead = read_ahead and cfg.prefetch
+        self.read_ahead = cfg.prefetch  # the windows read ahead get their share of the budget (whole rows or chunks)
         self.enabled = cfg.enabled
         self._override = {o.name: o for o in cfg.tables}
         known = {t.name for ts in collections for t in ts}
@@ -90,7 +89,7 @@ class StorePlan:
         collections = [tables_from_config(cfg.embedding, feature_names)]
         if has_first_order(cfg.model, n_dense):
             collections.append(tables_from_config(cfg.embedding, feature_names, dim=1, suffix=".wide"))
-        return cls(cfg.store, collections, read_ahead=not cfg.prune.enabled)
+        return cls(cfg.store, collections)
 
     def tables(self, tables: list[TableConfig]) -> list[TableConfig]:
         """The tables tagged with their store (unchanged when tiering is off)."""

@@ -5,7 +5,7 @@
 #
 # Needs one NVIDIA GPU and a python3 with PyTorch (CUDA), numba, pyarrow, safetensors, tqdm and
 # matplotlib; nothing is installed. A pure-Python package that python lacks (tomli-w) may lie as a
-# wheel in .whl/: wheels there are imported as they are. About 4 minutes on an H200 host (at most 9.5).
+# wheel in .whl/: wheels there are imported as they are. About 4 minutes on an H200 host; the two timeouts keep it under 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_check}
@@ -21,12 +21,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 $PY -c "import torch, tomli_w; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, torch.cuda.get_device_name())" || exit 2
 
 start=$(date +%s)
-timeout 330 $PY -m pytest -m cuda tests/cuda -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.log"
+timeout 270 $PY -m pytest -m cuda tests/cuda -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.log"
 tests=${PIPESTATUS[0]}
 echo "cuda tests: exit $tests in $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
-timeout 240 $PY -m benchmarks.gpu_check --out "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$OUT/gpu_check.log"
+timeout 200 $PY -m benchmarks.gpu_check --out "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$OUT/gpu_check.log"
 bench=${PIPESTATUS[0]}
 echo "benchmarks.gpu_check: exit $bench in $(( $(date +%s) - start )) s"
 exit $(( tests != 0 ? tests : bench ))

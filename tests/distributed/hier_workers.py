@@ -20,6 +20,7 @@ from tierec.distributed.mesh import Hierarchy
 from tierec.distributed.row_sync import RowAverager, RowGradientSync
 from tierec.embedding.group import TableGroup
 from tierec.embedding.table import TableConfig
+from tierec.embedding.storage import whole_table_state
 
 CODECS = ["none", "fp16", "bf16", "int8"]
 DIM = 6
@@ -119,9 +120,9 @@ def mesh_worker(ctx: DistContext, out_dir: str, group_size: int) -> None:
             r = grp.lookup(keys[sel], tabs[sel], insert=True)
             averager.touch(keys[sel], tabs[sel])
             grp.update(r, vals[sel])
-        before = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
+        before = {n: whole_table_state(grp, t) for t, n in enumerate(("t", "u"))}
         averager.sync()
-        after = {n: grp.table_state(t) for t, n in enumerate(("t", "u"))}
+        after = {n: whole_table_state(grp, t) for t, n in enumerate(("t", "u"))}
         out[f"rowavg/{name}"] = (before, after)
     torch.save(out, Path(out_dir) / f"rank{ctx.rank}.pt")
 

@@ -10,6 +10,7 @@ from tierec.config import OptimizerConfig, OptimizerKind
 from tierec.embedding.arena import PAGE, Arena, GrowableArray, arena_supported, resident_bytes
 from tierec.embedding.group import TableGroup
 from tierec.embedding.table import TableConfig
+from tierec.embedding.storage import whole_table_state
 
 needs_arena = pytest.mark.skipif(not arena_supported(), reason="needs Linux mmap/mremap")
 
@@ -66,7 +67,7 @@ def test_group_grown_in_arenas_trains_like_resize(monkeypatch, kind):
             u, first = np.unique(keys, return_index=True)
             rows = g.lookup(u, np.zeros(u.size, dtype=np.int32), insert=True)
             g.update(rows, grad[torch.from_numpy(first)])
-        return g.table_state(0), g
+        return whole_table_state(g, 0), g
 
     ref, g_resize = train(False)
     got, g_arena = train(True)

@@ -12,6 +12,7 @@ from tierec.embedding import EmbeddingCollection, TableConfig
 from tierec.prune import PrunedGroup, Pruner
 from tierec.prune.select import OneProcess, Positions, select, select_spread
 from tierec.storage import storage_factory
+from tierec.embedding.storage import whole_table_state
 
 DIM, CHUNK = 8, 2
 
@@ -162,14 +163,14 @@ def test_compaction_keeps_every_row_and_state() -> None:
     g = _group(coll)
     rows = np.arange(g.num_rows)
     g.set_row_dims(rows, (rows % 5) * CHUNK)
-    before = {k: v.clone() for k, v in g.table_state(0).items()}
+    before = {k: v.clone() for k, v in whole_table_state(g, 0).items()}
     w = g.gather(rows)
     g.compact()
     assert g.chunks.num_free == 0 and g.chunks.capacity == g.live_chunks().sum()
     _, length = g.segments(rows)
     assert (length == g.live_chunks()).all()  # every row laid out in one run
     assert torch.equal(g.gather(rows), w)
-    after = g.table_state(0)
+    after = whole_table_state(g, 0)
     for k in before:
         assert torch.equal(before[k], after[k]), k
     _train(coll, 2, seed=3)  # and it still trains

@@ -32,6 +32,7 @@ from tierec.embedding.table import TableConfig
 from tierec.store.group import TieredGroup
 from tierec.store.spec import TierSpec
 from tierec.train.checkpoint import Checkpoint, save_checkpoint
+from tierec.embedding.storage import record_chunks
 
 mode, run, disk, budget, dim, n_rows, chunk = sys.argv[1], Path(sys.argv[2]), sys.argv[3], *map(int, sys.argv[4:8])
 
@@ -46,14 +47,14 @@ def group():
 
 def digest(g):
     out = np.zeros(3)
-    for rec in g.iter_records(0, chunk // 260):
+    for rec in record_chunks(g, 0, chunk // 260):
         ids = rec["ids"].numpy()
         w = 1.0 + (ids % 997)
         out += [ids.sum(), (rec["weights"].double().sum(1).numpy() * w).sum(), (rec["opt.sum"].double().numpy() * w).sum()]
     return out.tolist()
 
 def save(g, path, step):
-    rows = (("emb/t", rec) for rec in g.iter_records(0, chunk // (4 * g.record_width)))
+    rows = (("emb/t", rec) for rec in record_chunks(g, 0, chunk // (4 * g.record_width)))
     save_checkpoint(path, step, {}, {}, rows=rows)
 
 def load(g, path):

@@ -13,6 +13,7 @@ from tierec.store.disk import DiskTier
 from tierec.store.hotness import CountMinSketch
 from tierec.store.host import HostTier
 from tierec.store.sizes import parse_size
+from tierec.embedding.storage import whole_table_state
 
 
 def test_parse_size() -> None:
@@ -165,7 +166,7 @@ def test_tiered_group_is_composed_and_freed_without_the_cycle_collector(tmp_path
         g.lookup(np.array(batch, dtype=np.int64), np.zeros(len(batch), dtype=np.int32), insert=True)
     g.maintain()
     g.place_by_hotness()
-    sd = g.table_state(0)
+    sd = whole_table_state(g, 0)
     assert sd["ids"].numel() == g.num_rows == 9 and int(sd["store.clock"][0]) == 5
     g.close()
     gc.disable()

@@ -50,7 +50,7 @@ def all_reduce(t: Tensor, group: dist.ProcessGroup | None, op: dist.ReduceOp.Red
 def all_gather_single(out: Tensor, t: Tensor, group: dist.ProcessGroup | None) -> Tensor:
     """Every rank's ``t`` into ``out`` ([W * n, ...], rank order); returns ``out``."""
     dev = wire_device(group)
-    w = _on(out, dev) if out.device != dev else out
+    w = _on(out, dev)
     dist.all_gather_into_tensor(w, _on(t, dev), group=group)
     if w is not out:
         out.copy_(w)

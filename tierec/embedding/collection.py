@@ -36,7 +36,9 @@ from tierec.embedding.hash_index import Deduper
 from tierec.embedding.plan import GroupPlan, group_inputs, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
-from tierec.embedding.storage import StorageFactory, records_by_ids
+from tierec.embedding.storage import (
+    StorageFactory, load_whole_table_state, record_chunks, records_by_ids, whole_table_state,
+)
 from tierec.embedding.table import TableConfig
 
 
@@ -222,7 +224,7 @@ class EmbeddingCollection(nn.Module):
         for g in self.groups:
             max_rows = max(1, chunk_bytes // g.bytes_per_row())
             for ti, t in enumerate(g.tables):
-                for chunk in g.iter_records(ti, max_rows):
+                for chunk in record_chunks(g, ti, max_rows):
                     yield t.name, chunk
 
     def load_state_meta(self, sd: dict[str, Tensor]) -> None:
@@ -293,7 +295,7 @@ class EmbeddingCollection(nn.Module):
         for gi, g in enumerate(self.groups):
             sd[f"group{gi}.step"] = torch.tensor(g.step, dtype=torch.int64)
             for ti, t in enumerate(g.tables):
-                for k, v in g.table_state(ti).items():
+                for k, v in whole_table_state(g, ti).items():
                     sd[f"{t.name}.{k}"] = v
         return sd
 
@@ -307,5 +309,5 @@ class EmbeddingCollection(nn.Module):
                     if strict:
                         raise KeyError(f"state dict has no rows for table {t.name!r}")
                     continue
-                g.load_table_state(ti, part)
+                load_whole_table_state(g, ti, part)
 

@@ -32,7 +32,6 @@ from tierec.embedding.layout import RecordLayout
 from tierec.embedding.optimizers import apply_update
 from tierec.embedding.pool_ops import BagLayout, pool_dense
 from tierec.embedding.pooling import fused_pays, host_has_avx512, reduce_update_rowwise
-from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
 from tierec.embedding.table import TableConfig, group_layout
 
 
@@ -233,10 +232,10 @@ class TableGroup:
 
     # ------------------------------------------------------------ state
 
-    # Checkpoints stream a table as row records in bounded chunks: ``iter_records``
-    # yields them, ``write_records`` takes them back (insert or overwrite), and the
+    # Checkpoints stream a table as row records in bounded chunks (``storage.record_chunks`` over
+    # ``rows_of`` and ``records``), ``write_records`` takes them back (insert or overwrite), and the
     # table's few non-row tensors travel apart (``table_meta`` / ``load_table_meta``).
-    # ``table_state`` / ``load_table_state`` are the whole table at once (small tables, tests).
+    # ``storage.whole_table_state`` / ``load_whole_table_state``: the whole table at once (small tables, tests).
 
     def row_extent(self) -> int:
         """Row numbers in use lie in ``[0, row_extent())`` (holes allowed)."""
@@ -254,10 +253,6 @@ class TableGroup:
             out[f"opt.{name}"] = s.index_select(0, r).cpu()
         return out
 
-    def iter_records(self, t: int, max_rows: int):
-        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
-        return record_chunks(self, t, max_rows)
-
     def table_meta(self, t: int) -> dict[str, Tensor]:
         """Non-row state of table ``t`` (counters, clocks); none for a plain group."""
         return {}
@@ -266,7 +261,7 @@ class TableGroup:
         """Put back what ``table_meta`` gave (extra keys are ignored)."""
 
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) the rows of one chunk of ``iter_records`` output."""
+        """Insert (or overwrite) the rows of one chunk of ``record_chunks`` output."""
         ids = sd["ids"].numpy().astype(np.int64, copy=False)
         tabs = np.full(ids.shape[0], t, dtype=np.int32)
         rows = self.lookup(ids, tabs, insert=True).to(self.device)
@@ -274,14 +269,6 @@ class TableGroup:
         self.weights[rows] = sd["weights"].to(self.device)
         for name, s in self.state.items():
             s[rows] = sd[f"opt.{name}"].to(self.device)
-
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """The whole table ``t`` at once: its meta and the records of all its rows."""
-        return whole_table_state(self, t)
-
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
-        load_whole_table_state(self, t, sd)
 
     # ----------------------------------------------- changes (delta checkpoints)
 

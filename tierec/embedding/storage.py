@@ -32,9 +32,10 @@ checkpoints) uses only these methods:
   state, ``record_width`` floats) by ``(table, id)``, wherever they live, for
   moves between tiers and ranks (hot-row replication); ``empty_in_memory()``:
   an empty storage of the same row layout in memory (a hot-row replica);
-- ``iter_records`` / ``write_records`` (and ``table_meta`` / ``load_table_meta``):
-  a table's rows as named tensors, streamed in bounded chunks (checkpoints);
-  ``table_state`` / ``load_table_state``: the whole table at once;
+- ``rows_of`` / ``records`` / ``write_records`` (and ``table_meta`` /
+  ``load_table_meta``): a table's rows as named tensors (checkpoints), which the
+  functions below stream in bounded chunks (``record_chunks``) or give as the
+  whole table at once (``whole_table_state`` / ``load_whole_table_state``);
   ``changes``: a :class:`~tierec.embedding.changes.ChangeTracker` of the rows
   written and deleted since the last publication (delta checkpoints), whose
   records ``record_rows`` and ``records`` give;
@@ -70,17 +71,22 @@ from tierec.embedding.table import TableConfig
 
 
 class Prefetching(Protocol):
-    """A storage that can read the rows of upcoming batches from its slow tier ahead of time."""
+    """A storage that can read the rows of upcoming batches from its slow tier ahead of time
+    (what tierec/store/pipeline.py uses)."""
 
-    timers: dict[str, float]
     staging: Any  # tierec.store.staging.Staging: its ``stats``
 
-    def stage(self, keys: np.ndarray, tabs: np.ndarray) -> int | None:
-        """Start reading ahead the slow-tier rows of unique pairs (changes no number); a token or None."""
+    def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
+        """Start reading ahead the slow-tier rows of unique pairs (changes no number); ``next_use``: the lookup
+        each is last needed at, counted from now; a token or None."""
         ...
 
     def release_staged(self, token: int | None = None) -> None:
         """Drop a window read ahead (every window without a token)."""
+        ...
+
+    def read_ahead_fill(self) -> tuple[int, int, int | None]:
+        """(rows not read ahead for want of room so far, bytes the windows hold, bytes they may hold; None: no bound)."""
         ...
 
 
@@ -184,17 +190,11 @@ class RowStorage(Protocol):
 
     def bytes_per_row(self) -> int: ...
 
-    def iter_records(self, t: int, max_rows: int) -> Any: ...
-
     def write_records(self, t: int, sd: dict[str, Tensor]) -> None: ...
 
     def table_meta(self, t: int) -> dict[str, Tensor]: ...
 
     def load_table_meta(self, t: int, sd: dict[str, Tensor]) -> None: ...
-
-    def table_state(self, t: int) -> dict[str, Tensor]: ...
-
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None: ...
 
     # -- bytes and statistics
     def rows_per_table(self) -> np.ndarray: ...
@@ -217,7 +217,7 @@ class RowStorage(Protocol):
     def close(self) -> None: ...
 
 
-# Table-state entries (``table_state`` output) by how shards of one table combine: one value per row
+# Table-state entries (``whole_table_state`` output) by how shards of one table combine: one value per row
 # (concatenated in shard order, like the ids), event counts (summed), anything else (the same on every
 # shard, or a statistic of the first: the first shard's).
 _ROW_ENTRIES = ("ids", "weights", "dims", "next_importance", "access_count", "store.freq", "store.last", "store.slot")
@@ -249,7 +249,7 @@ def load_whole_table_state(storage: Any, t: int, sd: dict[str, Tensor]) -> None:
 
 
 def records_by_ids(storage: Any, t: int, ids: np.ndarray) -> dict[str, Tensor]:
-    """Row records (as ``iter_records`` yields them) of known ids of table ``t`` of a storage, in their order."""
+    """Row records (as ``record_chunks`` yields them) of known ids of table ``t`` of a storage, in their order."""
     ids = np.asarray(ids, dtype=np.int64)
     rows = storage.record_rows(ids, np.full(ids.shape[0], t, dtype=np.int32))
     if (rows < 0).any():

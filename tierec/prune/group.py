@@ -44,7 +44,7 @@ from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.hash_index import HashIndex
 from tierec.embedding.optimizers import adam_step_size, initial_state_value, state_shapes
 from tierec.embedding.pool_ops import BagLayout
-from tierec.embedding.storage import Prefetching, load_whole_table_state, record_chunks, whole_table_state
+from tierec.embedding.storage import Prefetching
 from tierec.embedding.table import TableConfig, group_layout, init_scales
 from tierec.prune import kernels
 from tierec.prune.chunk_pool import ChunkPool, ChunkView, segments
@@ -570,18 +570,6 @@ class PrunedGroup:
     def rows_of(self, t: int, lo: int, hi: int) -> np.ndarray:
         """Rows [n] int64 of table ``t`` among row numbers ``[lo, hi)``, ascending."""
         return lo + np.flatnonzero(self.index.row_tabs[lo:hi] == t)
-
-    def iter_records(self, t: int, max_rows: int):
-        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
-        return record_chunks(self, t, max_rows)
-
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """The whole table ``t`` at once: its meta and the records of all its rows."""
-        return whole_table_state(self, t)
-
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
-        load_whole_table_state(self, t, sd)
 
     # ------------------------------------------------------------------- records
 

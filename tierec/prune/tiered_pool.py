@@ -256,10 +256,6 @@ class ChunkReadAhead:
     def staging(self):  # tierec.store.staging.Staging: its ``stats``
         return self.store.staging
 
-    @property
-    def timers(self) -> dict[str, float]:
-        return self.store.timers
-
     def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         ids, pair = self.chunks_of(keys, tabs)  # unique chunks: each belongs to one row
         if ids.size == 0:

@@ -82,7 +82,6 @@ from tierec.embedding.changes import ChangeTracker
 from tierec.embedding.group import TableGroup, gather_dense, init_dense_rows
 from tierec.embedding.optimizers import apply_update
 from tierec.embedding.pool_ops import BagLayout, pool_dense
-from tierec.embedding.storage import load_whole_table_state, record_chunks, whole_table_state
 from tierec.embedding.layout import RecordLayout
 from tierec.embedding.table import TableConfig
 from tierec.store.admission import Admission
@@ -692,14 +691,3 @@ class TieredGroup(TierStore):
         """An empty plain group of the same tables, seed and device (a hot-row replica: whole rows)."""
         return TableGroup(self.tables, seed=self.seed, device=self.device)
 
-    def iter_records(self, t: int, max_rows: int):
-        """Row records of table ``t`` in chunks of at most ``max_rows`` rows (row order)."""
-        return record_chunks(self, t, max_rows)
-
-    def table_state(self, t: int) -> dict[str, Tensor]:
-        """The whole table ``t`` at once: its meta and the records of all its rows."""
-        return whole_table_state(self, t)
-
-    def load_table_state(self, t: int, sd: dict[str, Tensor]) -> None:
-        """Insert (or overwrite) the rows of table ``t`` from ``table_state`` output."""
-        load_whole_table_state(self, t, sd)

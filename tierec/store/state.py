@@ -2,7 +2,7 @@
 
 ``records(t, lids)`` returns the plain group's keys (``ids``, ``weights``,
 ``opt.*``) of rows in any tier, plus ``store.freq`` and ``store.last`` per row;
-the group's ``iter_records`` streams a table's rows in lid order, a bounded
+``embedding.storage.record_chunks`` streams a table's rows in lid order, a bounded
 chunk at a time (a checkpoint never holds the table). ``table_meta(t)`` is the
 table's ``store.counters``; table 0 also carries the group's clocks and the
 admission sketch. A plain TableGroup loads such a state (it ignores the

@@ -215,6 +215,7 @@ class _Runner:
             st = [g.staging.stats for g in self.monitor.groups]
             tot["read_ahead_s"] = sum(x.read_s for x in st)
             tot["staged_rows"] = sum(x.staged_rows for x in st)
+            tot["stage_s"] = self.pipe.stage_s if self.pipe else 0.0
         wait = self.pipe.stats()["wait_s"] if self.pipe else 0.0
         return tot, wait, time.perf_counter()
 
@@ -239,6 +240,7 @@ class _Runner:
         res = {
             "mode": self.mode,
             "median_step_s": float(np.median(self.times)),
+            "step_s": [round(t, 4) for t in self.times],
             "samples_per_s": batch_size * steps / float(np.sum(self.times)),
             "cpu_s_per_step": sum(r[1] for r in self.rounds) / steps,
             "round_wall_s": [r[0] for r in self.rounds],
@@ -267,6 +269,7 @@ class _Runner:
                     "disk_read_mib_per_step": delta("disk_read_bytes") / n / 2**20,
                     "disk_write_mib_per_step": delta("disk_write_bytes") / n / 2**20,
                     "lookup_s_per_step": delta("lookup_s") / n,
+                    "stage_s_per_step": delta("stage_s") / n,  # the windows' dedupe and probe, on the step's thread
                     "wait_s_per_step": sum(m[1][1] - m[0][1] for m in self.marks) / n,
                     "rows_cache": self.monitor.totals()["rows_cache"],
                     "rows_host": self.monitor.totals()["rows_host"],

@@ -75,6 +75,50 @@ def test_probe_equals_find_then_the_columns() -> None:
     assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
 
 
+def test_probe_split_over_threads_equals_the_serial_probe() -> None:
+    """A probe of many pairs (a read-ahead window's) runs in spans on the caller's numba threads: the same columns."""
+    import numba
+
+    from tierec.store.directory import LOC_DISK, PROBE_SPAN
+
+    rng = np.random.default_rng(8)
+    d = Directory(n_tables=2, cache_slots=1000)
+    n = 3 * PROBE_SPAN
+    keys, tabs = rng.permutation(4 * n)[:n].astype(np.int64), rng.integers(0, 2, n).astype(np.int32)
+    lids = d.insert(keys, tabs)
+    d.loc[lids] = LOC_DISK
+    d.home[lids] = rng.permutation(n)
+    d.come_up(lids[:999], np.arange(1, 1000), d.loc[lids[:999]], d.home[lids[:999]])
+    ask_k, ask_t = np.concatenate([keys, keys + 4 * n]), np.concatenate([tabs, tabs])  # half of them unknown
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        serial = d.probe(ask_k, ask_t)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        split = d.probe(ask_k, ask_t)
+    finally:
+        numba.set_num_threads(threads)
+    for a, b in zip(serial, split):
+        assert a.tolist() == b.tolist()
+    assert (split[0][:n] == lids).all() and (split[0][n:] == -1).all()
+
+
+def test_window_uses_and_order_match_plain_references() -> None:
+    """A window's first and last use of each row, and the rows in order of first use (stable), against numpy."""
+    from tierec.store.pipeline import by_first_use, window_uses
+
+    rng = np.random.default_rng(2)
+    inverse = rng.integers(0, 500, 20_000)
+    at = rng.integers(1, 6, 20_000).astype(np.int32)
+    first, last = window_uses(inverse, at, 500)
+    ref_first, ref_last = np.full(500, np.iinfo(np.int32).max), np.zeros(500, dtype=np.int32)
+    np.minimum.at(ref_first, inverse, at)
+    np.maximum.at(ref_last, inverse, at)
+    assert first.tolist() == ref_first.tolist() and last.tolist() == ref_last.tolist()
+    order = by_first_use(first)
+    assert order.tolist() == sorted(range(500), key=lambda r: (first[r], r))
+
+
 @pytest.mark.parametrize("loc", [None, 1, 2])
 @pytest.mark.parametrize("hottest", [True, False])
 def test_extreme_away_matches_a_sort(loc, hottest) -> None:

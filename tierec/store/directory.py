@@ -22,8 +22,9 @@ So an id whose row is on disk costs 15 bytes plus 5 to 7.3 in the map (plus 4
 with a time-to-live), plus 1 bit of the disk tier's liveness bitmap per slot
 (2 with dead slots not yet compacted): 20 to 23 bytes (``tests/store/test_directory_memory.py`` measures it).
 
-All kernels are serial and release the GIL, so the prefetch thread can run
-them beside the training step.
+All kernels release the GIL, so the look-ahead thread can run them beside the
+training step; they are serial but for ``probe`` of many pairs (a read-ahead
+window's), which splits them over the calling thread's numba threads.
 
 >>> import numpy as np
 >>> from tierec.store.directory import Directory
@@ -52,6 +53,7 @@ from tierec.sizes import release_free_memory
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.55  # ... into one this full
 MAX_SLOTS = (1 << 32) - 1
+PROBE_SPAN = 1 << 14  # pairs per thread at least, when a probe is split over the calling thread's numba threads
 SPAN = 1 << 18  # lids per step of a pass over every row: its scratch stays ~10 MiB, whatever the rows
 
 # Home tier of a row (int8): only in the fast tier (or nowhere yet), host DRAM, disk.
@@ -79,18 +81,14 @@ def _slots_for(rows: int, load: float) -> int:
     return n
 
 
-@nb.njit(cache=True, nogil=True)
-def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc, home):
-    """The lid of each (key, table) pair (-1: unknown) and, with ``columns``, its fast-tier slot, home tier and
-    home slot through the split (as ``_where``). A probe costs two cache misses (the slot, then its row's key):
-    the slot of pair ``i + 2A`` and the key (and tier byte and position) of ``i + A``'s slot are asked for
-    ahead, so a batch's misses overlap instead of queueing."""
+@nb.njit(cache=True, nogil=True, inline="always")
+def _probe_span(lo, hi, keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc, home):
+    """``_probe`` of pairs ``lo .. hi - 1``."""
     n = np.uint64(slots.shape[0])
-    m = keys.shape[0]
-    for i in range(m):
-        if i + 2 * AHEAD < m:
+    for i in range(lo, hi):
+        if i + 2 * AHEAD < hi:
             prefetch_row(slots, home_slot(key_hash(np.int32(tabs[i + 2 * AHEAD]), keys[i + 2 * AHEAD]), n))
-        if i + AHEAD < m:
+        if i + AHEAD < hi:
             ahead = slots[home_slot(key_hash(np.int32(tabs[i + AHEAD]), keys[i + AHEAD]), n)]
             if ahead >= 0:
                 prefetch_row(lid_keys, ahead)
@@ -109,6 +107,24 @@ def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, colu
         lids[i] = r
         if columns:
             _columns_of(r, i, tier, pos, c_loc, c_home, cslot, loc, home)
+
+
+@nb.njit(cache=True, nogil=True)
+def _probe(keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc, home):
+    """The lid of each (key, table) pair (-1: unknown) and, with ``columns``, its fast-tier slot, home tier and
+    home slot through the split (as ``_where``). A probe costs two cache misses (the slot, then its row's key):
+    the slot of pair ``i + 2A`` and the key (and tier byte and position) of ``i + A``'s slot are asked for
+    ahead, so a batch's misses overlap instead of queueing."""
+    _probe_span(0, keys.shape[0], keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot,
+                loc, home)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def _probe_parts(bounds, keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc, home):
+    """``_probe`` of each span ``bounds[p] .. bounds[p + 1] - 1`` on its own thread (the caller's numba threads)."""
+    for p in nb.prange(bounds.shape[0] - 1):
+        _probe_span(bounds[p], bounds[p + 1], keys, tabs, slots, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns,
+                    lids, cslot, loc, home)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -434,8 +450,13 @@ class Directory:
         n = keys.shape[0]
         lids, cs = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         loc, home = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
-        _probe(keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, True, lids, cs, loc,
-               home)
+        args = (keys, tabs, self.slots, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, True, lids, cs,
+                loc, home)
+        parts = min(nb.get_num_threads(), n // PROBE_SPAN)
+        if parts > 1:  # a read-ahead window's pairs: spans on the calling thread's numba threads (lookups only read)
+            _probe_parts(np.linspace(0, n, parts + 1).astype(np.int64), *args)
+        else:
+            _probe(*args)
         return lids, cs, loc, home
 
     def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

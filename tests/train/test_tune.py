@@ -118,3 +118,22 @@ def test_the_final_run_stops_where_the_best_trial_peaked() -> None:
     assert final_steps(trial, final, best_step=18, steps=24) == 24
     assert final_steps(trial, final, best_step=24, steps=24) == 0  # peaked at the end: all the epochs
     assert final_steps(trial, final, best_step=None, steps=None) == 0  # a study from before best steps were kept
+
+
+def test_trial_zero_is_the_size_chosen_config(tmp_path: Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    data = merged_dict(None, TINY + ["tune.space.dropout=[0.1, 0.3]"])
+    tune = tune_config(data)
+    cfg = load_config(None, [o for o in TINY if not o.startswith("tune.")])
+    lines: list[str] = []
+    tuner = Tuner(TuneJob(cfg, tune, tmp_path / "tune", trials=2, echo=lines.append))
+    tuner.run()
+    study = optuna.load_study(study_name="tierec", storage=f"sqlite:///{tmp_path / 'tune' / 'study.db'}")
+    first, second = study.trials[0], study.trials[1]
+    lr, dense_lr = cfg.embedding.optimizer.lr, cfg.train.dense_lr
+    # dim 4 or 8 searched (the config's 16 is outside: the nearest, 8); dropout 0 is outside [0.1, 0.3]: 0.1;
+    # weight decay 0 is below the log range: its low end; epochs and batch size are fixed by TINY
+    assert first.params == {"embedding_lr": lr, "dense_lr": dense_lr, "dim": 8, "dropout": 0.1, "weight_decay": 1e-8}
+    assert first.user_attrs["defaults"] and "defaults" not in second.user_attrs
+    assert "(the defaults)" in lines[0] and "(the defaults)" not in lines[1]
+    assert second.params != first.params  # the sampler's own point after it

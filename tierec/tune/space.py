@@ -96,6 +96,13 @@ class FloatRange:
     def given(self) -> Any:
         return self.low if self.low == self.high else [self.low, self.high]
 
+    @property
+    def fixed(self) -> bool:
+        return self.low == self.high
+
+    def nearest(self, value: float) -> float:
+        return float(min(max(value, self.low), self.high))
+
     def narrowed(self, value: Any, where: str) -> FloatRange:
         low, high = _pair(value, where)
         return FloatRange(float(low), float(high), self.log and low != high)
@@ -115,6 +122,13 @@ class IntRange:
 
     def given(self) -> Any:
         return self.low if self.low == self.high else [self.low, self.high]
+
+    @property
+    def fixed(self) -> bool:
+        return self.low == self.high
+
+    def nearest(self, value: int) -> int:
+        return int(min(max(value, self.low), self.high))
 
     def narrowed(self, value: Any, where: str) -> IntRange:
         low, high = _pair(value, where)
@@ -136,6 +150,13 @@ class Choices:
 
     def given(self) -> Any:
         return list(self.values)
+
+    @property
+    def fixed(self) -> bool:
+        return len(self.values) == 1
+
+    def nearest(self, value: int) -> int:
+        return min(self.values, key=lambda v: (abs(v - value), v))
 
     def narrowed(self, value: Any, where: str) -> Choices:
         values = [value] if _is_number(value) else value
@@ -159,6 +180,14 @@ class SearchSpace:
     def sample(self, trial: Suggester) -> dict[str, Any]:
         """One point: {dimension name: value} (a fixed dimension is not asked of the trial)."""
         return {name: getattr(self, name).suggest(trial, name) for name in KEYS}
+
+    def searched(self) -> list[str]:
+        """The dimensions a trial is asked for (the others are fixed)."""
+        return [name for name in KEYS if not getattr(self, name).fixed]
+
+    def nearest(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The point of the searched dimensions nearest to ``values`` (a config's: {dimension: value})."""
+        return {name: getattr(self, name).nearest(values[name]) for name in self.searched()}
 
     def given(self) -> dict[str, Any]:
         """The space as ``[tune.space]`` would give it (a log scale is the default's: the learning rates and

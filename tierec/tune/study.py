@@ -12,7 +12,8 @@ Run directory (claimed like a training run's; every file written through RunFile
 - ``final/``: that run (``tierec eval DIR/final``); ``trials.png``: the trials' validation AUC, best so far;
 - ``tune_summary.json``: the trials, the best one's parameters and validation AUC, and the final test AUC.
 
-Each trial trains ``evals_per_epoch`` validations per epoch and reports each AUC to the pruner (a
+Trial 0 of a new study is the config ``tierec train`` would run (the size-chosen defaults, moved inside a
+narrowed space where they lie outside it). Each trial trains ``evals_per_epoch`` validations per epoch and reports each AUC to the pruner (a
 MedianPruner by default); a pruned trial stops at that evaluation. Its value is its best validation AUC.
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from tomli_w import dumps as dump_toml
 
-from tierec.config import Config, ConfigError, to_dict, with_values
+from tierec.config import Config, ConfigError, flatten_dict, to_dict, with_values
 from tierec.train.evaluate import has_validation, with_validation
 from tierec.train.rundir import claim_run_dir
 from tierec.train.runfiles import RunFiles
@@ -133,6 +134,7 @@ def _progress_line(trial: Any, best: Any) -> str:
     params = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
     seconds = trial.user_attrs.get("seconds", float("nan"))
     best_text = f"best {best.value:.4f} (trial {best.number})" if best is not None else "no best yet"
+    params += " (the defaults)" if trial.user_attrs.get("defaults") else ""
     return f"trial {trial.number}: validation AUC {auc} {state:<8} {seconds:6.1f} s  {best_text}  {params}"
 
 
@@ -193,7 +195,15 @@ class Tuner:
         # sharing a study draw unseeded, so that no two repeat each other's points.
         seed = tune.seed + len(study.get_trials(deepcopy=False)) if local else None
         study.sampler = optuna.samplers.TPESampler(seed=seed)
+        if not study.get_trials(deepcopy=False):  # a new study: the size-chosen config is its first trial
+            study.enqueue_trial(self.defaults(), user_attrs={"defaults": True}, skip_if_exists=True)
         return study
+
+    def defaults(self) -> dict[str, Any]:
+        """The base config's point in the searched dimensions (nearest inside the space where it lies outside):
+        trial 0, so that the study's best is never a config worse than the defaults on the validation split."""
+        flat = flatten_dict(to_dict(self.base))
+        return self.space.nearest({name: flat[key] for name, key in KEYS.items()})
 
     def _finished(self, study: Any) -> int:
         states = (self.optuna.trial.TrialState.COMPLETE, self.optuna.trial.TrialState.PRUNED)

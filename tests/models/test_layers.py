@@ -83,3 +83,23 @@ def test_mlp_last_layer_activation() -> None:
     assert MLP(3, []).out_dim == 3
     with pytest.raises(ValueError):
         MLP(3, [0])
+
+
+@pytest.mark.parametrize("n", [5, 27, 40])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dot_interaction_in_half_precision_equals_the_gather_path(n: int, dtype: torch.dtype) -> None:
+    # Half precision takes the rows' slices forward and a 0/1 product backward (27 vectors), or the gather
+    # backward (40): both equal, to the bit, the gathers of the float32 path done in the same dtype.
+    torch.manual_seed(n)
+    layer = DotInteraction(n)
+    x = torch.randn(64, n, 8).to(dtype).requires_grad_(True)
+    g = torch.randn(64, n * (n - 1) // 2).to(dtype)
+    out = layer(x)
+    out.backward(g)
+    x_ref = x.detach().clone()
+    gram = torch.bmm(x_ref, x_ref.transpose(1, 2))
+    assert torch.equal(out, torch.gather(gram.flatten(1), 1, layer.pair_index.expand(64, -1)))
+    padded = torch.cat([g.new_zeros(64, 1), g], dim=1)
+    sym = torch.gather(padded, 1, layer.sym_source.expand(64, -1)).view(64, n, n)
+    assert torch.equal(x.grad, torch.bmm(sym, x_ref))
+    assert (layer.pair_select.numel() > 0) == (n <= 32)

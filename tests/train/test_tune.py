@@ -37,7 +37,8 @@ def test_a_study_writes_the_best_config_the_final_run_and_resumes(tmp_path: Path
     assert "validation AUC" in out and "test AUC" in out
     summary = json.loads((run / "tune_summary.json").read_text())
     assert summary["trials"] == 3 and 0.5 < summary["test_auc"] <= 1.0
-    assert set(summary["best_params"]) == {"embedding_lr", "dense_lr", "dim", "dropout", "weight_decay", "epochs", "batch_size"}
+    assert set(summary["best_params"]) == {"embedding_lr", "dense_lr", "dim", "dropout", "weight_decay", "epochs", "batch_size",
+                                           "first_order_lr_scale"}
     best = tomllib.loads((run / "best.toml").read_text())
     assert best["embedding"]["dim"] == summary["best_params"]["dim"]
     assert best["data"]["synthetic"]["validation_rows"] == 0  # trained on train + validation
@@ -133,7 +134,8 @@ def test_trial_zero_is_the_size_chosen_config(tmp_path: Path) -> None:
     lr, dense_lr = cfg.embedding.optimizer.lr, cfg.train.dense_lr
     # dim 4 or 8 searched (the config's 16 is outside: the nearest, 8); dropout 0 is outside [0.1, 0.3]: 0.1;
     # weight decay 0 is below the log range: its low end; epochs and batch size are fixed by TINY
-    assert first.params == {"embedding_lr": lr, "dense_lr": dense_lr, "dim": 8, "dropout": 0.1, "weight_decay": 1e-8}
+    assert first.params == {"embedding_lr": lr, "dense_lr": dense_lr, "dim": 8, "dropout": 0.1, "weight_decay": 1e-8,
+                            "first_order_lr_scale": cfg.model.first_order_lr_scale}
     assert first.user_attrs["defaults"] and "defaults" not in second.user_attrs
     assert "(the defaults)" in lines[0] and "(the defaults)" not in lines[1]
     assert second.params != first.params  # the sampler's own point after it

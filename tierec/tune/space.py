@@ -4,17 +4,18 @@ Each dimension is a :class:`FloatRange` (optionally log-scaled), an :class:`IntR
 a :class:`SearchSpace` names one per tuned config key (``KEYS``). The defaults (:func:`default_space`) are
 centred on the config the data's size chose (``tierec train``'s size-chosen defaults, docs/models.md):
 
-================  ======================================  ==========================================
-dimension         config key                              default range
-================  ======================================  ==========================================
-embedding_lr      embedding.optimizer.lr                  lr / 10 .. lr * 10, log
-dense_lr          train.dense_lr                          lr / 10 .. lr * 10, log
-dim               embedding.dim                           4, 8, 16 (< 20k rows); 8, 16, 32; 16, 32, 64 (>= 204,800)
-dropout           model.dropout                           0 .. 0.3
-weight_decay      embedding.optimizer.weight_decay        1e-8 .. 1e-4, log
-epochs            train.epochs                            1 .. 4 (< 20k rows); 1 .. 3; 1 .. 2 (>= 204,800)
-batch_size        train.batch_size                        batch / 2, batch, batch * 2 (at least 32)
-================  ======================================  ==========================================
+====================  ===============================  ==========================================
+dimension             config key                       default range
+====================  ===============================  ==========================================
+embedding_lr          embedding.optimizer.lr           lr / 10 .. lr * 10, log
+dense_lr              train.dense_lr                   lr / 10 .. lr * 10, log
+dim                   embedding.dim                    4, 8, 16 (< 20k rows); 8, 16, 32; 16, 32, 64 (>= 204,800)
+dropout               model.dropout                    0 .. 0.3
+weight_decay          embedding.optimizer.weight_decay 1e-8 .. 1e-4, log
+epochs                train.epochs                     1 .. 4 (< 20k rows); 1 .. 3; 1 .. 2 (>= 204,800)
+batch_size            train.batch_size                 batch / 2, batch, batch * 2 (at least 32)
+first_order_lr_scale  model.first_order_lr_scale       1 .. 10, log (the first-order tables' rate)
+====================  ===============================  ==========================================
 
 A ``[tune]`` table in a ``--config`` file (or ``--set tune...``) sets :class:`TuneConfig`; its
 ``[tune.space]`` narrows any dimension: a number fixes it, ``[low, high]`` is a range (a float range keeps
@@ -30,7 +31,7 @@ its log scale), a list of values is the choices of ``dim`` and ``batch_size``.
 >>> narrow(space, {"depth": 3})
 Traceback (most recent call last):
 ...
-tierec.errors.ConfigError: unknown tune.space key(s) ['depth']; valid keys: ['embedding_lr', 'dense_lr', 'dim', 'dropout', 'weight_decay', 'epochs', 'batch_size']
+tierec.errors.ConfigError: unknown tune.space key(s) ['depth']; valid keys: ['embedding_lr', 'dense_lr', 'dim', 'dropout', 'weight_decay', 'epochs', 'batch_size', 'first_order_lr_scale']
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from tierec.config import Config, ConfigError, from_dict
 SMALL_ROWS = 20_000  # as tierec.train.sizing: below, a smaller model trained for more epochs
 LARGE_ROWS = 204_800
 LR_FACTOR = 10.0  # learning rates: from the size-chosen one / 10 to * 10
+FIRST_ORDER_SCALES = (1.0, 10.0)  # the first-order tables' rate over the embeddings' (the size-chosen 1 or 5 inside)
 
 # The config key each dimension of the space sets.
 KEYS = {
@@ -54,6 +56,7 @@ KEYS = {
     "weight_decay": "embedding.optimizer.weight_decay",
     "epochs": "train.epochs",
     "batch_size": "train.batch_size",
+    "first_order_lr_scale": "model.first_order_lr_scale",
 }
 
 
@@ -176,6 +179,7 @@ class SearchSpace:
     weight_decay: FloatRange
     epochs: IntRange
     batch_size: Choices
+    first_order_lr_scale: FloatRange
 
     def sample(self, trial: Suggester) -> dict[str, Any]:
         """One point: {dimension name: value} (a fixed dimension is not asked of the trial)."""
@@ -243,6 +247,7 @@ def default_space(cfg: Config, train_rows: int | None) -> SearchSpace:
         weight_decay=FloatRange(1e-8, 1e-4, log=True),
         epochs=IntRange(1, epochs),
         batch_size=Choices(tuple(dict.fromkeys(max(b, 32) for b in (batch // 2, batch, batch * 2)))),
+        first_order_lr_scale=FloatRange(FIRST_ORDER_SCALES[0], FIRST_ORDER_SCALES[1], log=True),
     )
 
 

@@ -103,22 +103,6 @@ def test_probe_split_over_threads_equals_the_serial_probe() -> None:
     assert (split[0][:n] == lids).all() and (split[0][n:] == -1).all()
 
 
-def test_window_uses_and_order_match_plain_references() -> None:
-    """A window's first and last use of each row, and the rows in order of first use (stable), against numpy."""
-    from tierec.store.pipeline import by_first_use, window_uses
-
-    rng = np.random.default_rng(2)
-    inverse = rng.integers(0, 500, 20_000)
-    at = rng.integers(1, 6, 20_000).astype(np.int32)
-    first, last = window_uses(inverse, at, 500)
-    ref_first, ref_last = np.full(500, np.iinfo(np.int32).max), np.zeros(500, dtype=np.int32)
-    np.minimum.at(ref_first, inverse, at)
-    np.maximum.at(ref_last, inverse, at)
-    assert first.tolist() == ref_first.tolist() and last.tolist() == ref_last.tolist()
-    order = by_first_use(first)
-    assert order.tolist() == sorted(range(500), key=lambda r: (first[r], r))
-
-
 @pytest.mark.parametrize("loc", [None, 1, 2])
 @pytest.mark.parametrize("hottest", [True, False])
 def test_extreme_away_matches_a_sort(loc, hottest) -> None:

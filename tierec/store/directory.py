@@ -53,7 +53,7 @@ from tierec.sizes import release_free_memory
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.55  # ... into one this full
 MAX_SLOTS = (1 << 32) - 1
-PROBE_SPAN = 1 << 14  # pairs per thread at least, when a probe is split over the calling thread's numba threads
+PROBE_SPAN = 1 << 15  # pairs per thread at least, when a probe is split over the calling thread's numba threads
 SPAN = 1 << 18  # lids per step of a pass over every row: its scratch stays ~10 MiB, whatever the rows
 
 # Home tier of a row (int8): only in the fast tier (or nowhere yet), host DRAM, disk.

@@ -2,8 +2,7 @@
 
 Batches go through in order, in windows of up to ``depth`` (k) batches. One batch
 before a window starts (``LEAD``), the rows of its batches are deduplicated
-per tiered group (table by table, each table on its own numba thread) and
-handed, the earliest batches' rows first, to the group's
+per tiered group and handed to the group's
 :meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
@@ -44,7 +43,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numba as nb
 import numpy as np
 
 from tierec.embedding.hash_index import Deduper
@@ -53,24 +51,6 @@ LEAD = 1  # a window's reads start this many batches before its first one (see t
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
 # next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
 HELD = 1
-
-
-@nb.njit(cache=True, nogil=True)
-def window_uses(inverse: np.ndarray, at: np.ndarray, u: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first use [u], last use [u]) of each unique row: the least and largest ``at`` of the ids ``inverse`` maps to it."""
-    first = np.full(u, np.iinfo(np.int32).max, dtype=np.int32)
-    last = np.zeros(u, dtype=np.int32)
-    for i in range(inverse.shape[0]):
-        r, a = inverse[i], at[i]
-        first[r] = min(first[r], a)
-        last[r] = max(last[r], a)
-    return first, last
-
-
-def by_first_use(first_use: np.ndarray) -> np.ndarray:
-    """The rows in order of first use, first-seen order among equals (a radix sort: the uses are small numbers)."""
-    small = first_use.astype(np.int16) if first_use.size and int(first_use.max()) < 1 << 15 else first_use
-    return np.argsort(small, kind="stable")
 
 
 @dataclass(frozen=True)
@@ -128,26 +108,24 @@ class StorePipeline:
         group; (group, token) of each."""
         t0 = time.perf_counter()
         tokens = []
-        sparse = [b.sparse if hasattr(b, "sparse") else b for b in window]
         for t in self.targets:
-            keys, tabs, at, ends = [], [], [], []  # ends: where each table's pairs end
-            for ti in sorted({ti for _, ti in t.features}):  # table by table: no pair is in two spans
-                for f in (f for f, fti in t.features if fti == ti):
-                    for j, sp in enumerate(sparse):
-                        if f not in sp.keys:
-                            continue
-                        lo, hi = sp.feature_span(sp.index(f))
-                        keys.append(sp.values[lo:hi].numpy())
-                        tabs.append(np.full(hi - lo, ti, dtype=np.int32))
-                        at.append(np.full(hi - lo, first + j, dtype=np.int32))
-                ends.append(sum(a.shape[0] for a in keys))
+            keys, tabs, at = [], [], []
+            for j, batch in enumerate(window):
+                sparse = batch.sparse if hasattr(batch, "sparse") else batch
+                for f, ti in t.features:
+                    if f not in sparse.keys:
+                        continue
+                    lo, hi = sparse.feature_span(sparse.index(f))
+                    ids = sparse.values[lo:hi].numpy()
+                    keys.append(ids)
+                    tabs.append(np.full(ids.shape[0], ti, dtype=np.int32))
+                    at.append(np.full(ids.shape[0], first + j, dtype=np.int32))
             if not keys:
                 continue
-            spans = np.asarray([0, *ends], dtype=np.int64)  # deduped each on its own thread
-            k, tb, inverse = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs), spans)
-            first_use, last_use = window_uses(inverse, np.concatenate(at), k.shape[0])
-            order = by_first_use(first_use)  # the earliest batches' rows first (a full window drops the last ones)
-            token = t.group.stage(k[order], tb[order], last_use[order])
+            k, tb, inverse = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs))
+            next_use = np.zeros(k.shape[0], dtype=np.int32)
+            np.maximum.at(next_use, inverse, np.concatenate(at))  # the window's last use of each row
+            token = t.group.stage(k, tb, next_use)
             if token is not None:
                 tokens.append((t.group, token))
         self.stage_s += time.perf_counter() - t0

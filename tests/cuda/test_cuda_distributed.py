@@ -67,3 +67,26 @@ def test_nccl_is_refused_where_processes_share_a_gpu(tmp_path, capfd) -> None:
         args += ["--set", o]
     assert main(args) != 0
     assert "NCCL needs a GPU per process" in capfd.readouterr().err
+
+
+def test_wire_brings_an_nccl_result_back_to_the_host(tmp_path) -> None:
+    # One process, one GPU: an NCCL group of one. Host tensors go through the GPU and come back to the host:
+    # a blocking all-to-all's ``out`` at once (its callers index host tensors with it), an async one at wait().
+    import torch.distributed as dist
+
+    from tierec.distributed import wire
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        group = dist.group.WORLD
+        assert wire.wire_device(group).type == "cuda"
+        send = torch.arange(6, dtype=torch.float32).view(3, 2)
+        blocking = wire.all_to_all(send, [3], [3], group)
+        assert blocking.out.device.type == "cpu" and torch.equal(blocking.out, send)
+        flight = wire.all_to_all(send, [3], [3], group, async_op=True)
+        assert torch.equal(flight.wait(), send) and flight.out.device.type == "cpu"
+        t = torch.ones(4)
+        assert torch.equal(wire.all_reduce(t, group), torch.ones(4)) and t.device.type == "cpu"
+    finally:
+        dist.destroy_process_group()

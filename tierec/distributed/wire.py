@@ -8,7 +8,8 @@ for an NCCL group, the host otherwise) when it is not there, and the result
 back to the caller's tensor. On the CPU (gloo) nothing is copied.
 
 ``all_to_all`` here is ``all_to_all_single`` with row splits; its result (an
-``Exchange``, possibly still in flight) lands on the device of the tensor sent.
+``Exchange``, possibly still in flight) lands on the device of the tensor sent:
+``out`` at once for a blocking one, ``wait()`` for one in flight.
 
 >>> import torch
 >>> from tierec.distributed.wire import all_to_all, wire_device
@@ -101,4 +102,7 @@ def all_to_all(
     dev = wire_device(group)
     out = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=dev)
     handle = dist.all_to_all_single(out, _on(send, dev), recv_splits, send_splits, group=group, async_op=async_op)
-    return Exchange(out, handle if async_op else None, home=send.device if send.device != dev else None)
+    home = send.device if send.device != dev else None
+    if not async_op:  # done: ``out`` is already on the device of the tensor sent
+        return Exchange(out if home is None else out.to(home), None)
+    return Exchange(out, handle, home=home)

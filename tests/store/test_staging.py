@@ -86,6 +86,7 @@ def test_training_with_a_read_ahead_window_equals_training_without(tmp_path, pre
     a, b = out["off"], out["on"]
     assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
     assert b["store"]["disk_read_rows"] > 0 and b["store"]["pipeline"]["staged_rows"] > 0  # rows came from disk, some read ahead
+    assert b["store"]["pipeline"]["resolved_batches"] > 0  # lookups started from their window's dedupe and probe
 
 
 def test_the_windows_stay_within_their_share_of_the_budget(tmp_path) -> None:

@@ -56,11 +56,14 @@ class Prepared:
     inverse: np.ndarray  # [N] int64 id occurrence -> unique position
     offsets: np.ndarray  # [F_g * B + 1] int64 the group's bag offsets
     found: np.ndarray | None  # [U] int64 rows known at probe time, -1 absent; None: not probed
+    known: Any = None  # tierec.store.staging.Resolved: the pairs as the tiers' read-ahead window found them
 
     def rest(self, group: Any, insert: bool) -> Tensor:
         """Rows [U] of the unique pairs: the probed ones, and a lookup (inserting when ``insert``)
         of those absent at probe time, in their order, so new rows are numbered as without the probe."""
         if self.found is None:
+            if self.known is not None:
+                return group.lookup(self.keys, self.tabs, insert=insert, known=self.known)
             return group.lookup(self.keys, self.tabs, insert=insert)
         rows = self.found.copy()
         missing = np.flatnonzero(rows < 0)

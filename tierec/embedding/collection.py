@@ -33,7 +33,7 @@ from tierec.embedding.ahead import Ahead, Prepared
 from tierec.embedding.changes import RowChanges
 from tierec.embedding.group import TableGroup
 from tierec.embedding.hash_index import Deduper
-from tierec.embedding.plan import GroupPlan, group_inputs, select_features
+from tierec.embedding.plan import GroupPlan, plan_ids, select_features
 from tierec.embedding.pool_ops import BagLayout
 from tierec.embedding.pooling import bag_scale, feature_bounds
 from tierec.embedding.storage import (
@@ -137,26 +137,41 @@ class EmbeddingCollection(nn.Module):
         dd = dedupe if dedupe is not None else self._dedupe
         parts = []
         for plan in self.plans:
-            keys, tabs, off = self._ids(plan, sparse)
-            split = self._split(plan, off, sparse.batch_size)
-            ukeys, utabs, inverse = dd(keys, tabs, None if split is None else off[split * sparse.batch_size])
-            parts.append(Prepared(ukeys, utabs, inverse, off, self._rows_ahead(plan.group, ukeys, utabs, probe, bring_up)))
+            keys, tabs, off = plan_ids(plan, sparse)
+            known = self._resolved(plan.group, keys, tabs)
+            if known is not None:
+                ukeys, utabs, inverse = known.keys, known.tabs, known.inverse
+            else:
+                split = self._split(plan, off, sparse.batch_size)
+                ukeys, utabs, inverse = dd(keys, tabs, None if split is None else off[split * sparse.batch_size])
+            rows = self._rows_ahead(plan.group, ukeys, utabs, probe, bring_up, known)
+            parts.append(Prepared(ukeys, utabs, inverse, off, rows, known))
         return Ahead(given, parts)
 
+    def group_ids(self, gi: int, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [N], tables [N]) of group ``gi``'s features in a batch, in the order its lookup reads them (what
+        the store's read-ahead windows keep for :meth:`~tierec.store.group.TierStore.resolve`)."""
+        if sparse.keys != self.feature_names:
+            sparse = select_features(sparse, self.feature_names)
+        keys, tabs, _ = plan_ids(self.plans[gi], sparse)
+        return keys, tabs
+
     @staticmethod
-    def _rows_ahead(group, keys: np.ndarray, tabs: np.ndarray, probe: bool, bring_up: bool) -> np.ndarray | None:
+    def _resolved(group, keys: np.ndarray, tabs: np.ndarray):
+        """The batch's unique pairs as a read-ahead window of the tiers found them (they replace the dedupe and
+        most of the lookup's probe), or None."""
+        resolve = getattr(group, "resolve", None)  # optional: the tiers
+        return None if resolve is None else resolve(keys, tabs)
+
+    @staticmethod
+    def _rows_ahead(group, keys: np.ndarray, tabs: np.ndarray, probe: bool, bring_up: bool, known=None) -> np.ndarray | None:
         """Rows [U] of unique pairs known ahead of the forward (-1: not yet), or None."""
         lookup = getattr(group, "lookup_ahead", None) if bring_up else None  # optional: the tiers
         if lookup is not None:
-            rows = lookup(keys, tabs)
+            rows = lookup(keys, tabs) if known is None else lookup(keys, tabs, known=known)
             return None if rows is None else rows.numpy()
         find = getattr(group, "find_rows", None) if probe else None  # optional: storages with a read-only probe
         return None if find is None else find(keys, tabs)
-
-    @staticmethod
-    def _ids(plan: GroupPlan, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        values, offsets, lengths = group_inputs(sparse, plan.features)  # [N], [F_g*B+1], [F_g]
-        return values.numpy(), np.repeat(plan.feature_table, lengths), offsets.numpy()  # keys, tables [N], offsets
 
     @staticmethod
     def _split(plan: GroupPlan, off: np.ndarray, b: int) -> np.ndarray | None:
@@ -170,10 +185,15 @@ class EmbeddingCollection(nn.Module):
         b = sparse.batch_size
         # 1. dedupe, 2. look up (insert when training), 3.+4. gather each unique row once and pool.
         if ahead is None:
-            keys, tabs, off = self._ids(plan, sparse)
+            keys, tabs, off = plan_ids(plan, sparse)
             split = self._split(plan, off, b)
-            ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
-            rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+            known = self._resolved(plan.group, keys, tabs)
+            if known is None:
+                ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
+                rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]
+            else:
+                inverse = known.inverse
+                rows = plan.group.lookup(known.keys, known.tabs, insert=self.training, known=known)
         else:  # steps 1 and 2 were prepared (the split is this thread's: it shapes the pooling's threads)
             off, inverse = ahead.offsets, ahead.inverse
             split = self._split(plan, off, b)

@@ -73,6 +73,13 @@ def group_inputs(sparse: SparseFeatures, features: tuple[int, ...]) -> tuple[Ten
     return torch.cat(vals), torch.cat(offs), np.array(lens, dtype=np.int64)
 
 
+def plan_ids(plan: GroupPlan, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids [N], their tables within the group [N] int32, bag offsets [F_g * B + 1]) of a group's features, in
+    the order its lookup reads them (``sparse`` keyed as the plan's collection)."""
+    values, offsets, lengths = group_inputs(sparse, plan.features)
+    return values.numpy(), np.repeat(plan.feature_table, lengths), offsets.numpy()
+
+
 def select_features(sparse: SparseFeatures, names: tuple[str, ...]) -> SparseFeatures:
     """Reorder / subset a batch's features to ``names``."""
     return SparseFeatures.from_jagged({n: sparse[n] for n in names})

@@ -78,7 +78,9 @@ class Prefetching(Protocol):
 
     def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
         """Start reading ahead the slow-tier rows of unique pairs (changes no number); ``next_use``: the lookup
-        each is last needed at, counted from now; a token or None."""
+        each is last needed at, counted from now; a token or None. A storage that also has
+        ``resolve(keys, tabs)`` (the tiers) takes a fourth argument, the window's batches
+        (tierec.store.staging.BatchIds), and resolves each batch's lookup from the window's dedupe and probe."""
         ...
 
     def release_staged(self, token: int | None = None) -> None:

@@ -290,6 +290,7 @@ class Directory:
 
     def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15, cache_slots: int = 0, track_last: bool = True) -> None:
         self.num_rows = 0
+        self.deletions = 0  # calls of delete() so far: a lid found earlier is still its pair's while this holds
         self.high = 0  # lids ever handed out; lids >= high are untouched
         self._free = np.empty(0, dtype=np.int64)  # stack of freed lids
         self._n_free = 0
@@ -459,6 +460,15 @@ class Directory:
             _probe(*args)
         return lids, cs, loc, home
 
+    def probe_known(self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``probe`` of pairs whose lids an earlier probe found (``lids``, -1 where it found none; no row was
+        deleted since): only those -1 are probed again (they may have been inserted since)."""
+        lids = lids.copy()
+        unknown = np.flatnonzero(lids < 0)
+        if unknown.size:
+            lids[unknown] = self.find(keys[unknown], tabs[unknown])
+        return self.where(lids)
+
     def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(lids, fast-tier slot, home tier, home slot) of lids (-1 allowed) in one pass through the split."""
         n = lids.shape[0]
@@ -518,6 +528,7 @@ class Directory:
         """Forget rows; the caller has freed their slots in every tier (resident ones included)."""
         if lids.size == 0:
             return
+        self.deletions += 1
         _delete(lids.astype(np.int64), self.slots, self.keys, self.tabs)
         self.tier[lids] = LOC_NONE
         self.pos[lids] = -1

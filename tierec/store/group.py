@@ -93,7 +93,7 @@ from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
-from tierec.store.staging import Staging
+from tierec.store.staging import BatchIds, Resolved, Staging, WindowIds
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
 from tierec.store.spec import Counter, TierSpec
@@ -200,29 +200,33 @@ class TierStore:
 
     find_rows = None  # lookup() moves rows between tiers: no read-only probe ahead of it
 
-    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+    def lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool, known: Resolved | None = None) -> Tensor:
         """Fast-tier slots [U] of unique (table, key) pairs, all resident together until the next lookup.
 
         Training (``insert``): unknown ids are admitted (or read the zero slot)
         and access statistics are counted. Evaluation: unknown ids get -1.
+        ``known``: these pairs as :meth:`resolve` gave them (their lids from a read-ahead window's probe).
         """
         t0 = time.perf_counter()
         with self._lock:
             t1 = time.perf_counter()
             try:
-                return self._lookup(keys, tabs, insert)
+                return self._lookup(keys, tabs, insert, known)
             finally:
                 self.timers["lock_wait_s"] += t1 - t0
                 self.timers["lookup_s"] += time.perf_counter() - t0
 
-    def _lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool) -> Tensor:
+    def _lookup(self, keys: np.ndarray, tabs: np.ndarray, insert: bool, known: Resolved | None = None) -> Tensor:
         self.clock += 1
         if insert:
             self.train_steps += 1
             if self.train_steps % self.spec.interval == 0:
                 self.maintain()
         d = self.index
-        lids, cs, loc, _ = d.probe(keys, tabs)  # [U] each
+        if known is not None and known.deletions == d.deletions:  # no row deleted since the window's probe
+            lids, cs, loc, _ = d.probe_known(keys, tabs, known.lids)
+        else:
+            lids, cs, loc, _ = d.probe(keys, tabs)  # [U] each
         rows = np.full(keys.shape[0], -1, dtype=np.int64)
         if insert:
             unknown = np.flatnonzero(lids < 0)
@@ -243,7 +247,7 @@ class TierStore:
         self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
 
-    def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray) -> Tensor | None:
+    def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray, known: Resolved | None = None) -> Tensor | None:
         """The training lookup of the batch after the one whose step is computing, run during that step (the
         training pipeline's stage 3), or None when it has to wait for the step: a hotness pass is due at
         it (the pass may delete rows, the computing batch's among them). Safe beside the step: the
@@ -257,13 +261,25 @@ class TierStore:
                 return None
             self._in_flight = 2
             try:
-                return self.lookup(keys, tabs, insert=True)
+                return self.lookup(keys, tabs, insert=True, known=known)
             finally:
                 self._in_flight = None
 
-    def stage(self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None) -> int | None:
+    def resolve(self, keys: np.ndarray, tabs: np.ndarray) -> Resolved | None:
+        """A batch's ids (``keys``/``tabs``, all of them, in the order a read-ahead window staged them) as unique
+        pairs in first-seen order, with the lids the window's probe found, for :meth:`lookup`'s ``known``;
+        None when no window holds the batch (then dedupe and probe as usual)."""
+        with self._lock:
+            return self.staging.resolve(keys, tabs)
+
+    def stage(
+        self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None,
+        batches: list[BatchIds] | None = None,
+    ) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
-        needs; returns a token for :meth:`release_staged` (None when nothing had to be read).
+        needs; returns a token for :meth:`release_staged` (None when nothing had to be read nor kept).
+        ``batches``: the window's batches, each's ids as its lookup will give them and their positions among
+        ``keys``: the window keeps them with the lids probed here, for :meth:`resolve`.
 
         Only rows that live on disk and are not in the fast tier (nor staged already) are read, on the
         disk tier's read-ahead threads; this returns at once. ``next_use`` [U]: for each pair, how many
@@ -279,6 +295,7 @@ class TierStore:
             try:
                 d = self.index
                 lids, cs, loc, home = d.probe(keys, tabs)
+                ids = None if batches is None else WindowIds(keys, tabs, lids, d.deletions, batches)
                 known = lids >= 0
                 lids, cs, loc, home = lids[known], cs[known], loc[known], home[known]
                 until = None
@@ -297,9 +314,9 @@ class TierStore:
                 order = np.argsort(lids, kind="stable")
                 lids, slots = lids[order], home[order]
                 until = until[order] if until is not None else np.full(lids.size, -1, dtype=np.int64)
-                if lids.size == 0:
+                if lids.size == 0 and ids is None:
                     return None
-                return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots), until)
+                return self.staging.add(lids, slots, self.disk.epochs(slots), self.disk.submit_read(slots), until, ids)
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
 

@@ -39,13 +39,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from tierec.embedding.hash_index import Deduper
+from tierec.store.staging import BatchIds
 
 LEAD = 1  # a window's reads start this many batches before its first one (see the module docstring)
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
@@ -55,21 +57,40 @@ HELD = 1
 
 @dataclass(frozen=True)
 class _Target:
-    """Where one prefetching storage's ids sit in a batch: (feature name, table index in the group)."""
+    """Where one prefetching storage's ids sit in a batch: (feature name, table index in the group); or, where
+    the storage resolves batches from its windows (``resolve``), the collection's own reading of them."""
 
     group: Any  # tierec.embedding.storage.Prefetching
     features: tuple[tuple[str, int], ...]
+    ids: Callable[[Any], tuple[np.ndarray, np.ndarray]] | None = None  # sparse -> (ids, tables) as looked up
+
+    def batch_ids(self, sparse: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n], tables [n] int32) of a batch for this storage."""
+        if self.ids is not None:
+            return self.ids(sparse)
+        keys, tabs = [], []
+        for f, ti in self.features:
+            if f not in sparse.keys:
+                continue
+            lo, hi = sparse.feature_span(sparse.index(f))
+            keys.append(sparse.values[lo:hi].numpy())
+            tabs.append(np.full(hi - lo, ti, dtype=np.int32))
+        if not keys:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
+        return np.concatenate(keys), np.concatenate(tabs)
 
 
 def targets_of(collections: list[Any]) -> list[_Target]:
     """The storages of some EmbeddingCollections that can prefetch, with the features each reads."""
     out = []
     for coll in collections:
-        for g in coll.groups:
+        ids_of = getattr(coll, "group_ids", None)  # optional: a batch's ids of a group as its forward reads them
+        for gi, g in enumerate(coll.groups):
             p = g.prefetcher()
             if p is not None:
                 feats = tuple((f, ti) for ti, t in enumerate(g.tables) for f in t.features)
-                out.append(_Target(group=p, features=feats))
+                resolves = ids_of is not None and getattr(p, "resolve", None) is not None
+                out.append(_Target(group=p, features=feats, ids=partial(ids_of, gi) if resolves else None))
     return out
 
 
@@ -97,6 +118,7 @@ class StorePipeline:
             "stage_s": self.stage_s,
             "staged_rows": sum(s.staged_rows for s in st),
             "staged_used_rows": sum(s.used_rows for s in st),
+            "resolved_batches": sum(s.resolved_batches for s in st),
             "batches": self.batches,
             "depth": self.depth,
             "window": self.window,
@@ -111,21 +133,21 @@ class StorePipeline:
         for t in self.targets:
             keys, tabs, at = [], [], []
             for j, batch in enumerate(window):
-                sparse = batch.sparse if hasattr(batch, "sparse") else batch
-                for f, ti in t.features:
-                    if f not in sparse.keys:
-                        continue
-                    lo, hi = sparse.feature_span(sparse.index(f))
-                    ids = sparse.values[lo:hi].numpy()
-                    keys.append(ids)
-                    tabs.append(np.full(ids.shape[0], ti, dtype=np.int32))
-                    at.append(np.full(ids.shape[0], first + j, dtype=np.int32))
-            if not keys:
+                ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
+                keys.append(ids.astype(np.int64, copy=False))
+                tabs.append(tb)
+                at.append(np.full(ids.shape[0], first + j, dtype=np.int32))
+            if not sum(k.shape[0] for k in keys):
                 continue
-            k, tb, inverse = self._dedupe(np.concatenate(keys).astype(np.int64, copy=False), np.concatenate(tabs))
+            k, tb, inverse = self._dedupe(np.concatenate(keys), np.concatenate(tabs))
             next_use = np.zeros(k.shape[0], dtype=np.int32)
             np.maximum.at(next_use, inverse, np.concatenate(at))  # the window's last use of each row
-            token = t.group.stage(k, tb, next_use)
+            if t.ids is None:
+                token = t.group.stage(k, tb, next_use)
+            else:  # the window keeps each batch's positions among its unique pairs, for the batch's lookup
+                ends = np.cumsum([x.shape[0] for x in keys])
+                pos = np.split(inverse.astype(np.int32), ends[:-1])
+                token = t.group.stage(k, tb, next_use, [BatchIds(x, y, p) for x, y, p in zip(keys, tabs, pos)])
             if token is not None:
                 tokens.append((t.group, token))
         self.stage_s += time.perf_counter() - t0

@@ -14,6 +14,15 @@ has a new home and is read afresh. Staging never moves, pins, inserts or
 counts a row, so every number of a run is the same with it or without it,
 whatever the timing of the reads (tests/store/test_staging.py).
 
+A window also keeps what its dedupe and probe found (:class:`WindowIds`): the
+window's unique pairs, the lid each had, and per batch where its ids fall among
+them. A batch's lookup then starts from there (:meth:`Staging.resolve`): its
+own unique pairs in first-seen order, which is what the per-batch dedupe gives,
+from the window's positions (no hashing), and their lids, so only pairs unknown
+when the window was probed are probed again. A lid is trusted only while no row
+was deleted since (the directory's ``deletions``), so the rows found are those of
+a probe (tests/store/test_window_ids.py).
+
 >>> import numpy as np
 >>> s = Staging()
 >>> s.held_rows, s.nbytes()
@@ -22,13 +31,46 @@ whatever the timing of the reads (tests/store/test_staging.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numba as nb
 import numpy as np
 
 from tierec.store.disk import PendingRead
 
 ROW_BOOKKEEPING = 33  # bytes per row read ahead besides its record: four int64 and a flag
+
+
+@dataclass
+class BatchIds:
+    """One batch of a window: its ids as its lookup will ask for them, and their pairs' positions."""
+
+    keys: np.ndarray  # [n] int64 ids, in the order the collection's forward reads them
+    tabs: np.ndarray  # [n] int32 their tables (within the group)
+    inverse: np.ndarray  # [n] int32 position of each among the window's unique pairs
+    taken: bool = False
+
+
+@dataclass
+class WindowIds:
+    """What a window's dedupe and probe found: its unique pairs, their lids then, and its batches."""
+
+    keys: np.ndarray  # [U] int64 unique ids of the window
+    tabs: np.ndarray  # [U] int32 their tables
+    lids: np.ndarray  # [U] int64 each pair's lid when probed (-1: unknown then)
+    deletions: int  # the directory's deletions when probed: the lids hold while it is unchanged
+    batches: list[BatchIds] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A batch's unique pairs (first-seen order, as the dedupe gives them) and what the window knew of them."""
+
+    keys: np.ndarray  # [u] int64
+    tabs: np.ndarray  # [u] int32
+    inverse: np.ndarray  # [n] int64 id occurrence -> unique position
+    lids: np.ndarray  # [u] int64 lid when the window was probed, -1 unknown then
+    deletions: int  # valid while the directory's deletions equal this
 
 
 @dataclass
@@ -39,6 +81,7 @@ class _Window:
     read: PendingRead  # records in the order of ``lids``
     until: np.ndarray  # [n] the lookup the window last needs each row at (-1: not kept)
     used: np.ndarray  # [n] bool: taken by a lookup
+    ids: WindowIds | None = None  # the window's unique pairs and batches (what resolve() starts from)
 
 
 @dataclass
@@ -48,10 +91,12 @@ class StagingStats:
     dropped_rows: int = 0  # rows not read ahead: the window held all that store.memory_budget leaves it
     read_s: float = 0.0  # wall time of the reads ahead
     wait_s: float = 0.0  # of which lookups waited for (not hidden)
+    resolved_batches: int = 0  # batches whose lookup started from their window's dedupe and probe
 
     def as_dict(self) -> dict[str, float]:
         return {"staged_rows": self.staged_rows, "staged_used_rows": self.used_rows,
-                "staged_dropped_rows": self.dropped_rows, "staged_read_s": self.read_s, "staged_wait_s": self.wait_s}
+                "staged_dropped_rows": self.dropped_rows, "staged_read_s": self.read_s, "staged_wait_s": self.wait_s,
+                "staged_resolved_batches": self.resolved_batches}
 
 
 class Staging:
@@ -82,11 +127,15 @@ class Staging:
             out &= ~_member(w.lids, lids)[0]
         return out
 
-    def add(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead, until: np.ndarray) -> int:
-        """File a pending read of rows ``lids`` (sorted) at ``slots``; returns the window's token."""
+    def add(
+        self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead, until: np.ndarray,
+        ids: WindowIds | None = None,
+    ) -> int:
+        """File a pending read of rows ``lids`` (sorted) at ``slots`` (none: a window of ``ids`` only);
+        returns the window's token."""
         token = self._next
         self._next += 1
-        self._windows[token] = _Window(lids, slots, epochs, read, until, np.zeros(lids.size, dtype=bool))
+        self._windows[token] = _Window(lids, slots, epochs, read, until, np.zeros(lids.size, dtype=bool), ids)
         self.stats.staged_rows += int(lids.size)
         return token
 
@@ -99,6 +148,8 @@ class Staging:
             todo = np.flatnonzero(~found)
             if todo.size == 0:
                 break
+            if w.lids.size == 0:  # a window of ids only
+                continue
             hit, pos = _member(w.lids, lids[todo])
             hit &= (w.slots[pos] == slots[todo]) & (w.epochs[pos] == epochs[todo])
             if not hit.any():
@@ -113,6 +164,25 @@ class Staging:
         order = np.argsort(idx)  # in the order of the found rows
         return found, np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
 
+    def resolve(self, keys: np.ndarray, tabs: np.ndarray) -> Resolved | None:
+        """The unique pairs of a batch's ids ``keys``/``tabs`` (exactly as a window staged them) and their lids
+        then, from the oldest window that holds that batch; None when none does."""
+        for w in self._windows.values():
+            if w.ids is None:
+                continue
+            for b in w.ids.batches:
+                if b.taken or b.keys.shape != keys.shape or not (np.array_equal(b.keys, keys) and np.array_equal(b.tabs, tabs)):
+                    continue
+                b.taken = True
+                self.stats.resolved_batches += 1
+                mark = np.full(w.ids.keys.shape[0], -1, dtype=np.int32)
+                pos = np.empty(keys.shape[0], dtype=np.int64)
+                inverse = np.empty(keys.shape[0], dtype=np.int64)
+                u = _first_seen(b.inverse, mark, pos, inverse)
+                pos = pos[:u]
+                return Resolved(w.ids.keys[pos], w.ids.tabs[pos], inverse, w.ids.lids[pos], w.ids.deletions)
+        return None
+
     def release(self, token: int) -> None:
         """Drop a window (its batches were looked up, or will not come)."""
         w = self._windows.pop(token, None)
@@ -126,6 +196,23 @@ class Staging:
     def clear(self) -> None:
         for token in list(self._windows):
             self.release(token)
+
+
+@nb.njit(cache=True, nogil=True)
+def _first_seen(positions, mark, first, inverse):
+    """Dedupe of a batch whose ids are ``positions`` among a window's unique pairs: ``first[:u]`` the positions
+    in first-seen order, ``inverse`` [n] each id's index among them; returns u. ``mark`` [U] is all -1."""
+    u = 0
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        m = mark[p]
+        if m < 0:
+            m = u
+            mark[p] = u
+            first[u] = p
+            u += 1
+        inverse[i] = m
+    return u
 
 
 def _member(sorted_lids: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

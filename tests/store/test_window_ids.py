@@ -1,0 +1,111 @@
+"""A read-ahead window's ids (Staging.resolve, TierStore.lookup's ``known``): a batch's unique pairs and lids come
+from its window's dedupe and probe, and they equal the batch's own dedupe and probe, so the lookup is the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tierec.embedding.hash_index import Deduper
+from tierec.embedding.table import TableConfig
+from tierec.store.group import TieredGroup
+from tierec.store.spec import TierSpec
+from tierec.store.staging import BatchIds
+
+DIM = 4
+REC = 4 * (DIM + 1)
+TABLES = 3
+
+
+def _group(tmp_path, name: str) -> TieredGroup:
+    spec = TierSpec(cache_bytes=160 * REC, host_bytes=48 * REC, disk_dir=str(tmp_path / name))
+    tables = [TableConfig(name=f"t{i}", dim=DIM, features=[f"f{i}"]) for i in range(TABLES)]
+    return TieredGroup(tables, spec, seed=1)
+
+
+def _batch(rng: np.random.Generator, n: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids feature by feature (table t's ids, then t + 1's), with repeats, as a collection reads a batch."""
+    keys = rng.zipf(1.3, n * TABLES).astype(np.int64) % high
+    return keys, np.repeat(np.arange(TABLES, dtype=np.int32), n)
+
+
+def _stage(g: TieredGroup, batches: list[tuple[np.ndarray, np.ndarray]]) -> int | None:
+    """What StorePipeline.stage does: one dedupe of the window, each batch's positions among its pairs."""
+    keys = np.concatenate([k for k, _ in batches])
+    tabs = np.concatenate([t for _, t in batches])
+    k, tb, inverse = Deduper()(keys, tabs)
+    ends = np.cumsum([b[0].shape[0] for b in batches])[:-1]
+    pos = np.split(inverse.astype(np.int32), ends)
+    return g.stage(k, tb, np.ones(k.shape[0], dtype=np.int32), [BatchIds(b[0], b[1], p) for b, p in zip(batches, pos)])
+
+
+def _train(g: TieredGroup, keys: np.ndarray, tabs: np.ndarray, resolve: bool) -> np.ndarray:
+    """One training lookup and update of a batch; the batch's rows [n] (each id's fast-tier slot)."""
+    known = g.resolve(keys, tabs) if resolve else None
+    if known is None:
+        uk, ut, inverse = Deduper()(keys, tabs)
+        rows = g.lookup(uk, ut, insert=True)
+    else:
+        uk, ut, inverse = known.keys, known.tabs, known.inverse
+        rows = g.lookup(uk, ut, insert=True, known=known)
+    g.update(rows, torch.from_numpy(np.outer(uk % 7 - 3, np.ones(DIM)).astype(np.float32)))
+    return rows.numpy()[inverse]
+
+
+def test_a_resolved_batch_is_the_batch_dedupe_and_its_probe(tmp_path) -> None:
+    g = _group(tmp_path, "g")
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # rows in every tier
+        _train(g, *_batch(rng, 64, 400), resolve=False)
+    window = [_batch(rng, 64, 800) for _ in range(3)]  # ids never seen among them
+    token = _stage(g, window)
+    assert token is not None
+    bounds = np.array([0, 64, 128, 192], dtype=np.int64)  # one table per feature: the collection's split dedupe
+    for keys, tabs in window:
+        r = g.resolve(keys, tabs)
+        for uk, ut, inverse in (Deduper()(keys, tabs), Deduper()(keys, tabs, bounds)):
+            assert np.array_equal(r.keys, uk) and np.array_equal(r.tabs, ut) and np.array_equal(r.inverse, inverse)
+        assert np.array_equal(r.lids, g.index.find(r.keys, r.tabs))  # nothing trained since the window's probe
+        assert (r.lids < 0).any() and (r.lids >= 0).any()
+    assert g.resolve(*window[0]) is None  # each batch once
+    other = _batch(rng, 64, 800)
+    assert g.resolve(*other) is None  # not in the window
+    assert g.staging.stats.resolved_batches == 3
+    g.release_staged(token)
+    assert g.resolve(*window[1]) is None
+    g.close()
+
+
+def test_lookups_from_the_window_equal_lookups_that_probe(tmp_path) -> None:
+    """Two groups train the same batches; one resolves them from read-ahead windows. Between a window's probe and
+    its batches' lookups, earlier batches insert ids and move rows between tiers, and rows are deleted (the
+    window's lids are then not used): slots, rows and values stay equal."""
+    a, b = _group(tmp_path, "a"), _group(tmp_path, "b")
+    rng = np.random.default_rng(1)
+    batches = [_batch(rng, 48, 300 + 60 * i) for i in range(12)]
+    tokens = []
+    for i in range(0, len(batches), 3):
+        tokens.append(_stage(b, batches[i : i + 3]))
+        a.stage(*_stage_args(batches[i : i + 3]))  # the same reads ahead, no ids
+        for j, (keys, tabs) in enumerate(batches[i : i + 3]):
+            if i == 6 and j == 1:  # a deletion between the window's probe and this lookup
+                gone = Deduper()(keys[:5], tabs[:5])[:2]
+                a.delete_records(*gone)
+                b.delete_records(*gone)
+            assert np.array_equal(_train(a, keys, tabs, resolve=False), _train(b, keys, tabs, resolve=True))
+    assert b.staging.stats.resolved_batches == len(batches)
+    keys = np.arange(1000, dtype=np.int64)
+    for t in range(TABLES):
+        tabs = np.full(keys.size, t, dtype=np.int32)
+        fa, ra = a.records_of(keys, tabs)
+        fb, rb = b.records_of(keys, tabs)
+        assert np.array_equal(fa, fb) and np.array_equal(ra, rb)
+    a.release_staged()
+    b.release_staged()
+    a.close()
+    b.close()
+
+
+def _stage_args(batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    k, tb, _ = Deduper()(np.concatenate([x for x, _ in batches]), np.concatenate([t for _, t in batches]))
+    return k, tb, np.ones(k.shape[0], dtype=np.int32)

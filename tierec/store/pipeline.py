@@ -15,6 +15,16 @@ memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
 the windows use less than half of it, twice as long, up to ``depth``: a small
 budget reads ahead fewer batches at a time, not a truncated part of many.
 
+The window's dedupe and probe also serve its batches' lookups: for a
+collection that says how its forward reads a batch's ids
+(``EmbeddingCollection.group_ids``), the window keeps each batch's positions
+among its unique pairs and the rows its probe found
+(:class:`~tierec.store.staging.WindowIds`), and the batch's lookup starts from
+there (:meth:`~tierec.store.group.TierStore.resolve`) instead of its own
+dedupe and probe. The positions and tables take 8 bytes per id of the
+window's batches, beside the batches themselves, which the stage holds anyway
+(outside ``store.memory_budget``, as the loader's batches are).
+
 Exact by construction: reading ahead changes no number (a lookup uses a
 record read ahead only while it is still the row's record; with fp32 cold rows
 the group also keeps the window's rows in the fast tier, which moves rows but

@@ -11,7 +11,8 @@ For batch ``t`` the stages are:
    batches on the disk tier's read-ahead threads (tiered storage with
    ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), and **bring
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
-   with the evictions and write-backs it needs) on stage 2's thread during batch
+   with the evictions and write-backs it needs; its dedupe and probe are the
+   window's, done once for the window's batches) on stage 2's thread during batch
    ``t``'s step (one process, ``store.lookup_ahead``; the dense step then runs on
    one torch thread fewer, leaving that lookup a core), except where the caller
    says the tables are used between the two steps (``run``'s ``quiet``: a

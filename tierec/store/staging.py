@@ -93,11 +93,6 @@ class StagingStats:
     wait_s: float = 0.0  # of which lookups waited for (not hidden)
     resolved_batches: int = 0  # batches whose lookup started from their window's dedupe and probe
 
-    def as_dict(self) -> dict[str, float]:
-        return {"staged_rows": self.staged_rows, "staged_used_rows": self.used_rows,
-                "staged_dropped_rows": self.dropped_rows, "staged_read_s": self.read_s, "staged_wait_s": self.wait_s,
-                "staged_resolved_batches": self.resolved_batches}
-
 
 class Staging:
     def __init__(self) -> None:

@@ -187,7 +187,7 @@ class EmbeddingCollection(nn.Module):
         if ahead is None:
             keys, tabs, off = plan_ids(plan, sparse)
             split = self._split(plan, off, b)
-            known = self._resolved(plan.group, keys, tabs)
+            known = self._resolved(plan.group, keys, tabs) if self.training else None  # windows hold training batches
             if known is None:
                 ukeys, utabs, inverse = self._dedupe(keys, tabs, None if split is None else off[split * b])
                 rows = plan.group.lookup(ukeys, utabs, insert=self.training)  # [U]

@@ -47,7 +47,9 @@ storage (``prefetcher()``, ``pruning()``), never by testing its class; two
 optional methods serve the training pipeline's look-ahead where a storage has
 them (``getattr(storage, name, None)``): ``find_rows(keys, tabs)``, a read-only
 probe of the next batch (plain groups), and ``lookup_ahead(keys, tabs)``, the
-next batch's whole lookup during the current step (the tiers).
+next batch's whole lookup during the current step (the tiers); the tiers also
+have ``resolve(keys, tabs)``, a batch's unique pairs from the read-ahead window
+that holds it, which their ``lookup`` takes as ``known``.
 
 >>> from tierec.embedding.group import TableGroup
 >>> from tierec.embedding.storage import RowStorage

@@ -130,7 +130,7 @@ def run_hitrate(a: argparse.Namespace) -> dict:
 # --------------------------------------------------------------------- disk
 
 
-def _batches(a: argparse.Namespace, n: int):
+def training_batches(a: argparse.Namespace, n: int):
     from benchmarks.workload import Workload, make_batches
     from tierec.batch import Batch, SparseFeatures
 
@@ -163,7 +163,7 @@ def _depth(mode: str) -> int:
     return int(digits or 1)
 
 
-class _Runner:
+class Runner:
     """One training setup (all in memory, or tiered with the disk tier) stepping through the batches."""
 
     def __init__(self, a: argparse.Namespace, mode: str, w, disk_dir: str) -> None:
@@ -288,8 +288,8 @@ def run_disk(a: argparse.Namespace) -> dict:
     """Each setup warms up, then they take turns on chunks of the same batches (fair under a changing load)."""
     disk_dir = a.disk_dir or tempfile.gettempdir()
     chunk = max(a.steps // a.rounds, 1)
-    w, batches = _batches(a, a.warmup + chunk * a.rounds)
-    runners = [_Runner(a, m.strip(), w, disk_dir) for m in a.modes.split(",") if m.strip()]
+    w, batches = training_batches(a, a.warmup + chunk * a.rounds)
+    runners = [Runner(a, m.strip(), w, disk_dir) for m in a.modes.split(",") if m.strip()]
     for r in runners:
         r.run(batches[: a.warmup], timed=False)
     for k in range(a.rounds):
@@ -332,8 +332,8 @@ def run_oracle(a: argparse.Namespace) -> dict:
     """Disk rows per step of tierec's tiers against Belady's minimum with the same rows in memory, on one long
     trace of the disk workload (lookups only: which rows move does not depend on the values)."""
     disk_dir = a.disk_dir or tempfile.gettempdir()
-    w, batches = _batches(a, a.oracle_steps)
-    runner = _Runner(a, "disk", w, disk_dir)
+    w, batches = training_batches(a, a.oracle_steps)
+    runner = Runner(a, "disk", w, disk_dir)
     g = runner.monitor.groups[0]
     pairs = [_pairs(b) for b in batches]
     from tierec.store.spec import Counter

@@ -99,6 +99,12 @@ def _bijection(rows: int, table: int, seed: int) -> tuple[int, int]:
             return a, int(rng.integers(0, rows))
 
 
+def popularity_rank(w: Workload, table: int, ids: np.ndarray) -> np.ndarray:
+    """[n] Zipf rank (0 = most used) of ``ids`` of ``table``: the inverse of :func:`table_ids`' permutation."""
+    a, c = _bijection(w.rows, table, w.seed)
+    return ((np.asarray(ids, dtype=np.int64) - c) * pow(a, -1, w.rows)) % w.rows
+
+
 def table_ids(w: Workload, rng: np.random.Generator, sampler: ZipfSampler, table: int, size: int) -> np.ndarray:
     a, c = _bijection(w.rows, table, w.seed)
     return (sampler(rng, size) * a + c) % w.rows  # [size] int64

@@ -19,7 +19,7 @@ EMBEDDING = ["tierec.embedding.ahead", "tierec.embedding.arena", "tierec.embeddi
 STORE = [
     "tierec.store", "tierec.store.sizes", "tierec.store.spec", "tierec.store.directory", "tierec.store.host",
     "tierec.store.disk", "tierec.store.codec", "tierec.store.hotness", "tierec.store.group", "tierec.store.moves", "tierec.store.fast_tier", "tierec.store.admission", "tierec.store.eviction", "tierec.store.plan", "tierec.store.pipeline", "tierec.store.staging",
-    "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers",
+    "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers", "benchmarks.disk_layout",
 ]  # fmt: skip
 
 CORE = ["tierec.errors", "tierec.train.stopping", "tierec.device", "tierec.batch", "tierec.paths", "tierec.train.runfiles",

@@ -85,3 +85,17 @@ def test_dense_interaction_benchmark_tiny():
     from benchmarks.dense_interaction import main as dense_main
 
     assert dense_main(["--batch", "32", "--tables", "3", "--dim", "4", "--steps", "1", "--repeats", "2", "--quiet"]) > 0
+
+
+def test_popularity_rank_inverts_the_tables_permutation():
+    import numpy as np
+
+    from benchmarks.workload import Workload, ZipfSampler, popularity_rank, table_ids
+
+    w = Workload(tables=3, rows=1000, dim=4, batch=8, zipf=1.1, seed=5)
+    sampler = ZipfSampler(w.rows, w.zipf)
+    for t in range(w.tables):
+        ranks = sampler(np.random.default_rng(t), 500)
+        ids = table_ids(w, np.random.default_rng(t), sampler, t, 500)  # the same draws, permuted
+        assert np.array_equal(popularity_rank(w, t, ids), ranks)
+        assert not np.array_equal(ids, ranks)

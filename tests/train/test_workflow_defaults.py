@@ -75,6 +75,10 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "model.first_order_lr_scale": 5.0, "embedding.dim": 8,
                       "embedding.init_scale": 0.01}
     assert cfg.train.batch_size == 128 and cfg.embedding.optimizer.kind.value == "rowwise_adagrad"
+    # 20,000-65,535 rows: the first-order tables too, at 5x, and Adam; nothing else of the small band
+    _, mid = size_defaults(load_config(None, base + ["model.name=dlrm"]), {"model.name"}, train_rows=40_000)
+    assert mid["model.first_order"] == "on" and mid["model.first_order_lr_scale"] == 5.0 and "embedding.dim" not in mid
+    assert "model.first_order" not in size_defaults(load_config(None, base), set(), train_rows=40_000)[1]  # DeepFM: by design
     # DLRM gets first-order terms below 20,000 rows; a pruned run keeps its dim (its chunks must divide it)
     _, dlrm = size_defaults(load_config(None, base + ["model.name=dlrm", "prune.enabled=true", "prune.chunk=16"]),
                             {"model.name", "prune.enabled", "prune.chunk"})
@@ -91,7 +95,7 @@ def test_dlrm_on_id_only_data_beats_item_popularity(tmp_path: Path, capsys) -> N
     run = tmp_path / "run"
     assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(schema + ["train.plots=false"])]) == 0
     saved = tomllib.loads((run / "config.toml").read_text())
-    assert saved["model"]["first_order"] == "auto"
+    assert saved["model"]["first_order"] == "on" and saved["model"]["first_order_lr_scale"] == 5.0  # ~27,000 rows
     dlrm = json.loads((run / "summary.json").read_text())["test_auc"]
     cfg = load_config(None, schema)
     popularity = item_popularity(split_rows(cfg, "train")[:3], split_rows(cfg, "test")[:3], column=1)

@@ -79,6 +79,13 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     _, mid = size_defaults(load_config(None, base + ["model.name=dlrm"]), {"model.name"}, train_rows=40_000)
     assert mid["model.first_order"] == "on" and mid["model.first_order_lr_scale"] == 5.0 and "embedding.dim" not in mid
     assert "model.first_order" not in size_defaults(load_config(None, base), set(), train_rows=40_000)[1]  # DeepFM: by design
+    # from 65,536 rows on only the tables model.first_order adds learn at 5x: DLRM on id columns, not with dense ones
+    ids = ["model.name=dlrm", 'data.source="r.csv"', 'data.schema.categorical=["user","item"]']
+    for rows in (100_000, 1_000_000):
+        assert size_defaults(load_config(None, ids), set(), train_rows=rows)[1]["model.first_order_lr_scale"] == 5.0
+        assert "model.first_order_lr_scale" not in size_defaults(load_config(None, ids + ['data.schema.dense=["age"]']), set(),
+                                                                 train_rows=rows)[1]
+        assert "model.first_order_lr_scale" not in size_defaults(load_config(None, base), set(), train_rows=rows)[1]  # DeepFM
     # DLRM gets first-order terms below 20,000 rows; a pruned run keeps its dim (its chunks must divide it)
     _, dlrm = size_defaults(load_config(None, base + ["model.name=dlrm", "prune.enabled=true", "prune.chunk=16"]),
                             {"model.name", "prune.enabled", "prune.chunk"})

@@ -23,8 +23,8 @@ training rows       train.batch_size             epochs  other keys
 20,000 - 65,535     rows / 100 down to a power   1       model.first_order "on" (DLRM, DCN-v2) with
                     of 2, at least 256                   first_order_lr_scale 5; embedding optimizer
                                                          Adam lr 0.001 from init_scale 0.01
-65,536 - 204,799    the same                     1       (the defaults)
->= 204,800          2048 (the default)           1       (the defaults)
+65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2)
+>= 204,800          2048 (the default)           1       first_order_lr_scale 5 (DLRM, DCN-v2)
 ==================  ===========================  ======  =============================================
 
 Logs with sampled negatives (``data.negatives > 0``) of 204,800 to 2,047,999
@@ -43,7 +43,10 @@ range nothing was measured and the table holds.
 The biases at 5x between 20,000 and 65,535 rows (since 2026-11-27; ``benchmarks.small_data`` on t30h, idsh,
 idst, syn50k and syncat50k, seeds 0-2, all four models): DLRM +0.0012 to +0.0023 on four files (t30h -0.0107
 -> -0.0084 from logistic regression) and -0.0034 on syncat50k (still above it), the other models -0.0005
-to +0.0012; the Amazon Beauty head's DLRM +0.0014, its other models within 0.0006.
+to +0.0012; the Amazon Beauty head's DLRM +0.0014, its other models within 0.0006. From 65,536 rows on, the tables that
+``model.first_order`` adds to DLRM and DCN-v2 (on id-only data) learn at 5x too: DLRM on ids3h +0.0068 (now
+above item popularity) and on the MovieLens part +0.0070, DCN-v2 -0.0006 to +0.0003; no change where DLRM and
+DCN-v2 have dense features (syn180k: "auto" adds no tables). DeepFM and Wide&Deep keep 1x there.
 
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.
@@ -63,6 +66,9 @@ and ``predict`` read them back, never choosing again) and printed.
 {'train.batch_size': 512}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=5_000_000)[1]
 {}
+>>> ids = ["model.name=dlrm", 'data.source="ratings.csv"', 'data.schema.categorical=["user", "item"]']
+>>> size_defaults(load_config(None, ids), given=set(), train_rows=5_000_000)[1]  # DLRM's added biases: 5x
+{'model.first_order_lr_scale': 5.0}
 >>> log = load_config(None, ["data.negatives=2", 'data.user_column="C1"', 'data.item_column="C2"'])
 >>> size_defaults(log, given=set(), train_rows=250_000)[1], size_defaults(log, given=set(), train_rows=2_048_000)[1]
 ({'train.epochs': 2, 'embedding.optimizer.lr': 0.1, 'model.first_order_lr_scale': 5.0}, {})
@@ -128,14 +134,14 @@ def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     if rows >= LARGE_ROWS:
         implicit = cfg.data.negatives > 0 and rows < IMPLICIT_MAX_ROWS
         if not implicit:
-            return {}
+            return _added_bias_rate(cfg)
         return {"train.epochs": IMPLICIT_EPOCHS, "embedding.optimizer.lr": IMPLICIT_LR,
                 "model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE}
     adam = {"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
     if rows >= SMALL_ROWS:
         batch = max(_power_of_two_at_most(rows // STEPS_PER_EPOCH), MIN_BATCH)
         if rows >= ADAM_ROWS:
-            return {"train.batch_size": batch}
+            return {"train.batch_size": batch, **_added_bias_rate(cfg)}
         return {"train.batch_size": batch, **_biases(cfg), **adam}
     # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
     small = max(min(_power_of_two_at_most(rows // 30), MIN_BATCH), 32)
@@ -151,6 +157,18 @@ def _biases(cfg: Config) -> dict[str, Any]:
     step size."""
     on = {} if model_class(cfg.model.name).first_order_by_design else {"model.first_order": "on"}
     return {**on, "model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE}
+
+
+def _added_bias_rate(cfg: Config) -> dict[str, Any]:
+    """From 65,536 rows on: 5x for the first-order tables that ``model.first_order`` adds to DLRM and DCN-v2, where
+    it adds them ("on"; "auto" on a schema of id columns only); not for DeepFM's and Wide&Deep's own first-order
+    terms, which lost 0.024-0.026 at 5x under row-wise Adagrad on syn180k."""
+    if model_class(cfg.model.name).first_order_by_design:
+        return {}
+    schema = cfg.data.schema
+    id_only = not schema.preset and not schema.dense and bool(schema.categorical)  # as written: no dense column
+    added = cfg.model.first_order == "on" or (cfg.model.first_order == "auto" and id_only)
+    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if added else {}
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:

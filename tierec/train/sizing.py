@@ -23,8 +23,9 @@ training rows       train.batch_size             epochs  other keys
 20,000 - 65,535     rows / 100 down to a power   1       model.first_order "on" (DLRM, DCN-v2) with
                     of 2, at least 256                   first_order_lr_scale 5; embedding optimizer
                                                          Adam lr 0.001 from init_scale 0.01
-65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2)
->= 204,800          2048 (the default)           1       first_order_lr_scale 5 (DLRM, DCN-v2)
+65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2 on id
+                                                         columns only, or with model.first_order "on")
+>= 204,800          2048 (the default)           1       the same
 ==================  ===========================  ======  =============================================
 
 Logs with sampled negatives (``data.negatives > 0``) of 204,800 to 2,047,999

@@ -86,6 +86,8 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
         assert "model.first_order_lr_scale" not in size_defaults(load_config(None, ids + ['data.schema.dense=["age"]']), set(),
                                                                  train_rows=rows)[1]
         assert "model.first_order_lr_scale" not in size_defaults(load_config(None, base), set(), train_rows=rows)[1]  # DeepFM
+        assert "model.first_order_lr_scale" not in size_defaults(load_config(None, ids + ['model.first_order="off"']), set(),
+                                                                 train_rows=rows)[1]
     # DLRM gets first-order terms below 20,000 rows; a pruned run keeps its dim (its chunks must divide it)
     _, dlrm = size_defaults(load_config(None, base + ["model.name=dlrm", "prune.enabled=true", "prune.chunk=16"]),
                             {"model.name", "prune.enabled", "prune.chunk"})

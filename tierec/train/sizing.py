@@ -24,7 +24,7 @@ training rows       train.batch_size             epochs  other keys
                     of 2, at least 256                   first_order_lr_scale 5; embedding optimizer
                                                          Adam lr 0.001 from init_scale 0.01
 65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2 on id
-                                                         columns only, or with model.first_order "on")
+                                                         columns only)
 >= 204,800          2048 (the default)           1       the same
 ==================  ===========================  ======  =============================================
 
@@ -161,15 +161,14 @@ def _biases(cfg: Config) -> dict[str, Any]:
 
 
 def _added_bias_rate(cfg: Config) -> dict[str, Any]:
-    """From 65,536 rows on: 5x for the first-order tables that ``model.first_order`` adds to DLRM and DCN-v2, where
-    it adds them ("on"; "auto" on a schema of id columns only); not for DeepFM's and Wide&Deep's own first-order
-    terms, which lost 0.024-0.026 at 5x under row-wise Adagrad on syn180k."""
-    if model_class(cfg.model.name).first_order_by_design:
+    """From 65,536 rows on: 5x for the first-order tables that ``model.first_order`` adds to DLRM and DCN-v2 on a
+    schema of id columns only (measured there: ids3h, MovieLens); not for DeepFM's and Wide&Deep's own first-order
+    terms, which lost 0.024-0.026 at 5x under row-wise Adagrad on syn180k, nor with dense columns (not measured)."""
+    if model_class(cfg.model.name).first_order_by_design or cfg.model.first_order == "off":
         return {}
     schema = cfg.data.schema
     id_only = not schema.preset and not schema.dense and bool(schema.categorical)  # as written: no dense column
-    added = cfg.model.first_order == "on" or (cfg.model.first_order == "auto" and id_only)
-    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if added else {}
+    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if id_only else {}
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:

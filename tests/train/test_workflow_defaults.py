@@ -81,6 +81,10 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     assert "model.first_order" not in size_defaults(load_config(None, base), set(), train_rows=40_000)[1]  # DeepFM: by design
     # from 65,536 rows on only the tables model.first_order adds learn at 5x: DLRM on id columns, not with dense ones
     ids = ["model.name=dlrm", 'data.source="r.csv"', 'data.schema.categorical=["user","item"]']
+    for rows in (8_000, 40_000):  # under Adam: 10x on id columns only, 5x with a dense one
+        assert size_defaults(load_config(None, ids), set(), train_rows=rows)[1]["model.first_order_lr_scale"] == 10.0
+        assert size_defaults(load_config(None, ids + ['data.schema.dense=["age"]']), set(),
+                             train_rows=rows)[1]["model.first_order_lr_scale"] == 5.0
     for rows in (100_000, 1_000_000):
         assert size_defaults(load_config(None, ids), set(), train_rows=rows)[1]["model.first_order_lr_scale"] == 5.0
         assert "model.first_order_lr_scale" not in size_defaults(load_config(None, ids + ['data.schema.dense=["age"]']), set(),
@@ -104,7 +108,7 @@ def test_dlrm_on_id_only_data_beats_item_popularity(tmp_path: Path, capsys) -> N
     run = tmp_path / "run"
     assert main(["train", "--run-dir", str(run), "--no-progress", *_sets(schema + ["train.plots=false"])]) == 0
     saved = tomllib.loads((run / "config.toml").read_text())
-    assert saved["model"]["first_order"] == "on" and saved["model"]["first_order_lr_scale"] == 5.0  # ~27,000 rows
+    assert saved["model"]["first_order"] == "on" and saved["model"]["first_order_lr_scale"] == 10.0  # ~27,000 rows, ids only
     dlrm = json.loads((run / "summary.json").read_text())["test_auc"]
     cfg = load_config(None, schema)
     popularity = item_popularity(split_rows(cfg, "train")[:3], split_rows(cfg, "test")[:3], column=1)

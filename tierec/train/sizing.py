@@ -17,11 +17,12 @@ of these keys the user did not give in a config file or ``--set``:
 training rows       train.batch_size             epochs  other keys
 ==================  ===========================  ======  =============================================
 < 20,000            rows / 30 down to a power    2       train.dense_lr 0.002; model.first_order "on"
-                    of 2, within [32, 256]               (DLRM, DCN-v2) with first_order_lr_scale 5;
+                    of 2, within [32, 256]               (DLRM, DCN-v2) with first_order_lr_scale 5 (10
+                                                         on id columns only);
                                                          embedding.dim 8 (not with pruning); embedding
                                                          optimizer Adam lr 0.001 from init_scale 0.01
 20,000 - 65,535     rows / 100 down to a power   1       model.first_order "on" (DLRM, DCN-v2) with
-                    of 2, at least 256                   first_order_lr_scale 5; embedding optimizer
+                    of 2, at least 256                   first_order_lr_scale 5 (10 on id columns only); embedding optimizer
                                                          Adam lr 0.001 from init_scale 0.01
 65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2 on id
                                                          columns only)
@@ -47,7 +48,11 @@ idst, syn50k and syncat50k, seeds 0-2, all four models): DLRM +0.0012 to +0.0023
 to +0.0012; the Amazon Beauty head's DLRM +0.0014, its other models within 0.0006. From 65,536 rows on, the tables that
 ``model.first_order`` adds to DLRM and DCN-v2 (on id-only data) learn at 5x too: DLRM on ids3h +0.0068 (now
 above item popularity) and on the MovieLens part +0.0070, DCN-v2 -0.0006 to +0.0003; no change where DLRM and
-DCN-v2 have dense features (syn180k: "auto" adds no tables). DeepFM and Wide&Deep keep 1x there.
+DCN-v2 have dense features (syn180k: "auto" adds no tables). DeepFM and Wide&Deep keep 1x there. On id columns
+only and under Adam (below 65,536 rows) the biases learn at 10x: against 5x, seeds 0-2, +0.0009 to +0.0021 on
+critcat, +0.0002 to +0.0006 on ids2h, +0.0008 to +0.0014 on t30h, +0.0000 to +0.0009 on idsh and idst, -0.0001 to
+-0.0006 on the Amazon head; under row-wise Adagrad (ids3h) 10x lost 0.004 for DLRM and DCN-v2, and with dense
+columns 10x lost before (crit5k DLRM 0.7227 against 0.7294).
 
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.
@@ -91,6 +96,7 @@ MIN_BATCH = 256  # from 20,000 rows on
 SMALL_DIM = 8  # below 20,000 rows: fewer values per id seen once or twice, and less to overfit
 SMALL_DENSE_LR = 0.002
 SMALL_FIRST_ORDER_LR_SCALE = 5.0  # the biases at 5x the embeddings' Adam lr (1x, 3x and 10x measured worse)
+ID_ONLY_FIRST_ORDER_LR_SCALE = 10.0  # the same on id columns only, under Adam (10x beat 5x on critcat, ids2h, t30h, idsh)
 IMPLICIT_MAX_ROWS = 2_048_000  # logs with sampled negatives from LARGE_ROWS to here: two epochs, Adagrad lr 0.1
 IMPLICIT_EPOCHS = 2
 IMPLICIT_LR = 0.1  # row-wise Adagrad (the default 0.05; 0.2 for one epoch measured between the two)
@@ -152,12 +158,19 @@ def _choices(rows: int, cfg: Config) -> dict[str, Any]:
     return {**out, **adam}
 
 
+def _id_only(cfg: Config) -> bool:
+    """The schema, as written, has id columns and no dense one (``model.first_order = "auto"`` adds tables there)."""
+    schema = cfg.data.schema
+    return not schema.preset and not schema.dense and bool(schema.categorical)
+
+
 def _biases(cfg: Config) -> dict[str, Any]:
     """The per-id bias a logistic regression has (first-order tables, DLRM and DCN-v2; part of DeepFM and
-    Wide&Deep), learning at 5x the embeddings' Adam rate: one number in logit units moves too slowly at Adam's
-    step size."""
+    Wide&Deep), learning at 5x the embeddings' Adam rate, 10x on id columns only: one number in logit units moves
+    too slowly at Adam's step size."""
     on = {} if model_class(cfg.model.name).first_order_by_design else {"model.first_order": "on"}
-    return {**on, "model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE}
+    scale = ID_ONLY_FIRST_ORDER_LR_SCALE if _id_only(cfg) else SMALL_FIRST_ORDER_LR_SCALE
+    return {**on, "model.first_order_lr_scale": scale}
 
 
 def _added_bias_rate(cfg: Config) -> dict[str, Any]:
@@ -166,9 +179,7 @@ def _added_bias_rate(cfg: Config) -> dict[str, Any]:
     terms, which lost 0.024-0.026 at 5x under row-wise Adagrad on syn180k, nor with dense columns (not measured)."""
     if model_class(cfg.model.name).first_order_by_design or cfg.model.first_order == "off":
         return {}
-    schema = cfg.data.schema
-    id_only = not schema.preset and not schema.dense and bool(schema.categorical)  # as written: no dense column
-    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if id_only else {}
+    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if _id_only(cfg) else {}
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:

@@ -130,8 +130,9 @@ class ModelConfig:
     # 0), or with "auto" when the data has no dense features (id-only data). Never pruned.
     first_order: str = "auto"  # auto | on | off
     # The first-order tables learn at the embedding optimizer's lr times this (a bias is one number in logit
-    # units, an embedding value one of dim small ones; `tierec train` picks 5 below 65,536 training rows, for
-    # logs with sampled negatives of 204,800-2,047,999, and at any size for the tables dlrm and dcnv2 get on id columns).
+    # units, an embedding value one of dim small ones; `tierec train` picks 5 below 65,536 training rows (10 on id
+    # columns only), for logs with sampled negatives of 204,800-2,047,999, and from 65,536 rows for the tables dlrm
+    # and dcnv2 get on id columns).
     first_order_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:

@@ -51,8 +51,9 @@ above item popularity) and on the MovieLens part +0.0070, DCN-v2 -0.0006 to +0.0
 DCN-v2 have dense features (syn180k: "auto" adds no tables). DeepFM and Wide&Deep keep 1x there. On id columns
 only and under Adam (below 65,536 rows) the biases learn at 10x: against 5x, seeds 0-2, +0.0009 to +0.0021 on
 critcat, +0.0002 to +0.0006 on ids2h, +0.0008 to +0.0014 on t30h, +0.0000 to +0.0009 on idsh and idst, -0.0001 to
--0.0006 on the Amazon head; under row-wise Adagrad (ids3h) 10x lost 0.004 for DLRM and DCN-v2, and with dense
-columns 10x lost before (crit5k DLRM 0.7227 against 0.7294).
+-0.0006 on the Amazon head, syncat50k DLRM +0.0020 and its other three -0.0022 to -0.0026 (still above logistic
+regression); under row-wise Adagrad (ids3h) 10x lost 0.004 for DLRM and DCN-v2, and with dense columns 10x lost
+before (crit5k DLRM 0.7227 against 0.7294).
 
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.

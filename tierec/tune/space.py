@@ -45,7 +45,7 @@ from tierec.config import Config, ConfigError, from_dict
 SMALL_ROWS = 20_000  # as tierec.train.sizing: below, a smaller model trained for more epochs
 LARGE_ROWS = 204_800
 LR_FACTOR = 10.0  # learning rates: from the size-chosen one / 10 to * 10
-FIRST_ORDER_SCALES = (1.0, 10.0)  # the first-order tables' rate over the embeddings' (the size-chosen 1 or 5 inside)
+FIRST_ORDER_SCALES = (1.0, 10.0)  # the first-order tables' rate over the embeddings' (the size-chosen 1, 5 or 10 inside)
 
 # The config key each dimension of the space sets.
 KEYS = {

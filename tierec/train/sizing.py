@@ -42,18 +42,11 @@ on Last.fm more than two epochs alone, 0.873 / 0.889, or lr 0.1 alone, 0.880 /
 negatives. Outside that
 range nothing was measured and the table holds.
 
-The biases at 5x between 20,000 and 65,535 rows (since 2026-11-27; ``benchmarks.small_data`` on t30h, idsh,
-idst, syn50k and syncat50k, seeds 0-2, all four models): DLRM +0.0012 to +0.0023 on four files (t30h -0.0107
--> -0.0084 from logistic regression) and -0.0034 on syncat50k (still above it), the other models -0.0005
-to +0.0012; the Amazon Beauty head's DLRM +0.0014, its other models within 0.0006. From 65,536 rows on, the tables that
-``model.first_order`` adds to DLRM and DCN-v2 (on id-only data) learn at 5x too: DLRM on ids3h +0.0068 (now
-above item popularity) and on the MovieLens part +0.0070, DCN-v2 -0.0006 to +0.0003; no change where DLRM and
-DCN-v2 have dense features (syn180k: "auto" adds no tables). DeepFM and Wide&Deep keep 1x there. On id columns
-only and under Adam (below 65,536 rows) the biases learn at 10x: against 5x, seeds 0-2, +0.0009 to +0.0021 on
-critcat, +0.0002 to +0.0006 on ids2h, +0.0008 to +0.0014 on t30h, +0.0000 to +0.0009 on idsh and idst, -0.0001 to
--0.0006 on the Amazon head, syncat50k DLRM +0.0020 and its other three -0.0022 to -0.0026 (still above logistic
-regression); under row-wise Adagrad (ids3h) 10x lost 0.004 for DLRM and DCN-v2, and with dense columns 10x lost
-before (crit5k DLRM 0.7227 against 0.7294).
+The per-id biases' rate from 20,000 rows on (since 2026-11-27) was measured on t30h, idsh, idst, syn50k,
+syncat50k, ids3h, syn180k, critcat, ids2h, the Amazon head and the MovieLens part (seeds 0-2; figures in
+docs/models.md, "Defaults by data size"): DLRM on t30h -0.0107 -> -0.0084 from logistic regression, on ids3h above
+item popularity, on MovieLens 0.7635 -> 0.7705. 10x lost under row-wise Adagrad (ids3h) and with dense columns
+(crit5k); DeepFM's and Wide&Deep's own first-order terms at 5x under row-wise Adagrad lost 0.024-0.026 (syn180k).
 
 The values are written into the run's ``config.toml`` (so ``--resume``, ``eval``
 and ``predict`` read them back, never choosing again) and printed.
@@ -88,6 +81,7 @@ from typing import Any
 
 from tierec.config import Config, OptimizerKind, with_values
 from tierec.models import model_class
+from tierec.models.first_order import optional_first_order
 
 SMALL_ROWS = 20_000  # below: most ids are seen once or twice; a smaller model, Adam from a small init, two epochs
 LARGE_ROWS = 204_800  # from here on: the defaults (batch 2048 = 204,800 / 100)
@@ -178,9 +172,10 @@ def _added_bias_rate(cfg: Config) -> dict[str, Any]:
     """From 65,536 rows on: 5x for the first-order tables that ``model.first_order`` adds to DLRM and DCN-v2 on a
     schema of id columns only (measured there: ids3h, MovieLens); not for DeepFM's and Wide&Deep's own first-order
     terms, which lost 0.024-0.026 at 5x under row-wise Adagrad on syn180k, nor with dense columns (not measured)."""
-    if model_class(cfg.model.name).first_order_by_design or cfg.model.first_order == "off":
+    if model_class(cfg.model.name).first_order_by_design or not _id_only(cfg):
         return {}
-    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if _id_only(cfg) else {}
+    added = optional_first_order(cfg.model, n_dense=0)  # the tables "auto" or "on" add on id columns only
+    return {"model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE} if added else {}
 
 
 def size_defaults(cfg: Config, given: set[str], train_rows: int | None = None) -> tuple[Config, dict[str, Any]]:

@@ -3,6 +3,8 @@ and training with any read-ahead window gives the numbers of training without on
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +139,66 @@ def test_windows_shorten_where_they_do_not_fit_and_change_no_number(tmp_path, bu
     pipe = b["store"]["pipeline"]
     assert (pipe["smallest_window"] < 4) is shorter  # a small budget: windows of fewer batches
     assert b["store"]["disk_read_rows"] > 0 or not shorter
+
+
+class _Read:
+    """A finished read of records [m, 1 + W] (the lid header first), as DiskTier.submit_read's PendingRead gives."""
+
+    def __init__(self, rec: np.ndarray) -> None:
+        self.rec, self.nbytes = rec, rec.nbytes
+
+    def result(self) -> np.ndarray:
+        return self.rec
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_take_finds_the_current_records_of_every_window_as_a_plain_search_does() -> None:
+    from tierec.store.staging import Staging
+
+    rng = np.random.default_rng(3)
+    s, width, windows = Staging(), 3, []
+    for w in range(3):
+        lids = np.sort(rng.choice(200, 60, replace=False)).astype(np.int64)
+        slots, epochs = rng.integers(0, 50, 60), rng.integers(0, 3, 60)
+        rec = np.zeros((60, 1 + width), dtype=np.float32)
+        rec[:, 0] = lids.astype(np.int32).view(np.float32)
+        rec[:, 1:] = rng.random((60, width))
+        until = rng.integers(0, 9, 60)
+        s.add(lids, slots, epochs, _Read(rec), until)
+        windows.append((lids, slots, epochs, rec, until))
+    lids = rng.choice(220, 150, replace=False).astype(np.int64)
+    slots, epochs = rng.integers(0, 50, 150), rng.integers(0, 3, 150)
+    for i in range(0, 150, 3):  # a third surely current in some window
+        w = windows[i % 3]
+        j = i % 60
+        lids[i], slots[i], epochs[i] = w[0][j], w[1][j], w[2][j]
+    out, keep = np.full((150, width), -7.0, dtype=np.float32), np.full(150, -1, dtype=np.int64)
+    found, header = s.take(lids, slots, epochs, out, keep)
+    for i in range(150):  # reference: the newest window holding the row at that slot and epoch
+        match = [(w, j) for w in reversed(windows) for j in np.flatnonzero(w[0] == lids[i])
+                 if w[1][j] == slots[i] and w[2][j] == epochs[i]]
+        assert found[i] == bool(match)
+        if match:
+            w, j = match[0]
+            assert out[i].tolist() == w[3][j, 1:].tolist() and keep[i] == w[4][j] and header[i] == lids[i]
+        else:
+            assert out[i].tolist() == [-7.0] * width and keep[i] == -1 and header[i] == -1
+    assert found[::3].all() and 0 < int(found.sum()) < 150
+
+
+def test_a_record_read_ahead_that_is_not_the_row_written_there_is_an_error(tmp_path) -> None:
+    from tierec.errors import DiskTierError
+
+    g = _group(tmp_path)
+    _look(g, np.arange(8))
+    _look(g, np.arange(8, 16))  # ids 0..7 on disk
+    lids = g.record_rows(np.array([1]), _tabs(1))
+    other = os.open(f"/proc/self/fd/{g.disk.fd}", os.O_WRONLY)  # an outsider writes another row's id there
+    os.pwrite(other, np.array([99], dtype=np.int32).tobytes(), int(g.index.home[lids][0]) * g.disk.rec_bytes)
+    os.close(other)
+    g.stage(np.arange(4, dtype=np.int64), _tabs(4))  # rows 0..3 read ahead, 1 with the bad header
+    with pytest.raises(DiskTierError, match="holds row 99"):
+        _look(g, np.arange(4))
+    g.close()

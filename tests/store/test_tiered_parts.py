@@ -10,7 +10,7 @@ import pytest
 from tierec.config import ConfigError
 from tierec.store.directory import Directory
 from tierec.store.disk import DiskTier
-from tierec.store.hotness import CountMinSketch
+from tierec.store.hotness import CountMinSketch, coldest_evictable, evictable, lowest
 from tierec.store.host import HostTier
 from tierec.store.sizes import parse_size
 from tierec.embedding.storage import whole_table_state
@@ -124,6 +124,25 @@ def test_extreme_away_matches_a_sort(loc, hottest) -> None:
     ref = pool[np.lexsort((pool, -q if hottest else q))]
     for k in (0, 1, 17, 600, pool.size, pool.size + 5):
         assert d.extreme_away(k, loc, hottest).tolist() == ref[:k].tolist()
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("k", [1, 700, 9_000, 30_000])
+def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_choose(ties, soft, k) -> None:
+    rng = np.random.default_rng(k)
+    c = 100_001  # a fast tier of 100,000 slots and the zero slot: the sampled path
+    slot_lid = np.where(rng.random(c) < 0.9, rng.integers(0, 10**6, c), -1).astype(np.int32)
+    pin = rng.integers(0, 12, c)  # lookups 10 and 11 pin theirs
+    keep = np.where(rng.random(c) < 0.1, 15, 0)  # kept for a later batch of a window
+    score = (rng.integers(0, 40, c) if ties else rng.random(c)).astype(np.float32)  # few values: ties at the k-th score
+    for clock in (11, 100):  # (100: nothing pinned nor kept)
+        ref_slots, ref_scores = evictable(slot_lid, pin, clock, score, keep, soft=soft)
+        want = np.sort(ref_scores[lowest(ref_scores, k)])
+        got, movable = coldest_evictable(slot_lid, pin, clock, score, keep, k, soft=soft)
+        assert movable == ref_slots.size if ref_slots.size < k else k <= movable <= ref_slots.size
+        assert np.unique(got).size == got.size == k and np.isin(got, ref_slots).all()
+        assert np.sort(score[got]).tolist() == want.tolist()
 
 
 def test_host_tier_reuses_low_slots() -> None:

@@ -33,11 +33,12 @@ class Eviction:
 
     def choose(self, fast: FastTier, index: Directory, clock: int, wanted: int, required: int = 0,
                in_flight: int | None = None) -> tuple[np.ndarray, int]:
-        """(up to ``wanted`` slots to empty, lowest scores first among those that may; how many may leave):
-        rows kept for the read-ahead window may too when fewer than ``required`` others can. ``in_flight``:
+        """(up to ``wanted`` slots to empty, lowest scores first among those that may; how many may leave,
+        exact when fewer than ``wanted`` may, else at least ``wanted``): rows kept for the read-ahead window
+        may too when fewer than ``required`` others can. ``in_flight``:
         the lookups whose rows stay pinned, when not the fast tier's own rule."""
         score = index.resident_scores(self.lfu)
-        slots, scores = fast.evictable(clock, score, in_flight=in_flight)
-        if slots.size < required:
-            slots, scores = fast.evictable(clock, score, soft=True, in_flight=in_flight)
-        return slots[hotness.lowest(scores, min(wanted, slots.size))], int(slots.size)
+        slots, movable = fast.coldest(clock, score, wanted, in_flight=in_flight)
+        if movable < required:
+            slots, movable = fast.coldest(clock, score, wanted, soft=True, in_flight=in_flight)
+        return slots, movable

@@ -224,9 +224,9 @@ class TierStore:
                 self.maintain()
         d = self.index
         if known is not None and known.deletions == d.deletions:  # no row deleted since the window's probe
-            lids, cs, loc, _ = d.probe_known(keys, tabs, known.lids)
+            lids, cs, loc, home = d.probe_known(keys, tabs, known.lids)
         else:
-            lids, cs, loc, _ = d.probe(keys, tabs)  # [U] each
+            lids, cs, loc, home = d.probe(keys, tabs)  # [U] each
         rows = np.full(keys.shape[0], -1, dtype=np.int64)
         if insert:
             unknown = np.flatnonzero(lids < 0)
@@ -239,7 +239,7 @@ class TierStore:
                 lids[new] = d.insert(keys[new], tabs[new])  # away from every tier: cs and loc say so already
                 self._count(Counter.NEW, tabs[new])
         pos = np.flatnonzero(lids >= 0)
-        rows[pos] = self._make_resident(lids[pos], cs[pos], loc[pos], tabs[pos], self.clock)
+        rows[pos] = self._make_resident(lids[pos], cs[pos], loc[pos], home[pos], tabs[pos], self.clock)
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
             d.count_use(rows[pos], self.train_steps)
             self.fast.dirty[rows[pos]] = True  # the backward updates them
@@ -342,9 +342,11 @@ class TierStore:
 
     # ---------------------------------------------------- data movement
 
-    def _make_resident(self, lids: np.ndarray, cs: np.ndarray, loc: np.ndarray, tabs: np.ndarray, pin: int) -> np.ndarray:
-        """Slots [n] of rows ``lids`` (of tables ``tabs``; fast-tier slot ``cs`` and home tier ``loc`` as probed)
-        after bringing the missing ones up; all pinned with ``pin``."""
+    def _make_resident(
+        self, lids: np.ndarray, cs: np.ndarray, loc: np.ndarray, home: np.ndarray, tabs: np.ndarray, pin: int
+    ) -> np.ndarray:
+        """Slots [n] of rows ``lids`` (of tables ``tabs``; fast-tier slot ``cs`` and home ``loc``/``home`` as
+        probed) after bringing the missing ones up; all pinned with ``pin``."""
         cs = cs.copy()
         hit = cs >= 0
         self.fast.pin[cs[hit]] = pin  # protect them before anything is evicted
@@ -359,8 +361,11 @@ class TierStore:
             )
         if miss.size:
             slots = self._take_slots(miss.size)
-            _, _, loc, home = self.index.where(lids[miss])  # now: making room may have moved host rows to disk
-            self._bring_up(lids[miss], slots, loc, home)
+            up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64)
+            on_host = np.flatnonzero(loc == LOC_HOST)  # making room may have moved host rows to disk: where now
+            if on_host.size:
+                _, _, loc[on_host], home[on_host] = self.index.where(up[on_host])
+            self._bring_up(up, slots, loc, home)
             self.fast.pin[slots] = pin
             cs[miss] = slots
         return cs
@@ -479,18 +484,17 @@ class TierStore:
         """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk slots ``homes``: records read
         ahead where still current (with the lookup their window needs them until), the rest read now (-1)."""
         homes = homes.astype(np.int64, copy=False)
-        found, staged, until = self.staging.take(lids, homes, self.disk.epochs(homes))
-        keep = np.full(lids.size, -1, dtype=np.int64)
-        if not found.any():
-            return self.disk.read(homes, lids), keep
-        self.disk.check_lids(homes[found], staged[:, 0].copy().view(np.int32), lids[found])
         out = np.empty((lids.size, self.disk.width), dtype=np.float32)
-        out[found] = staged[:, 1:]
-        keep[found] = until
+        keep = np.full(lids.size, -1, dtype=np.int64)
+        found, header = self.staging.take(lids.astype(np.int64, copy=False), homes, self.disk.epochs(homes), out, keep)
+        hit = np.flatnonzero(found)
+        if hit.size == 0:
+            return self.disk.read(homes, lids), keep
+        self.disk.check_lids(homes[hit], header[hit], lids[hit])
         rest = np.flatnonzero(~found)
         if rest.size:
             out[rest] = self.disk.read(homes[rest], lids[rest])
-        self._count(Counter.PREFETCHED, self.index.tabs[lids[found]])
+        self._count(Counter.PREFETCHED, self.index.tabs[lids[hit]])
         return out, keep
 
     def _count(self, counter: Counter, tabs: np.ndarray) -> None:

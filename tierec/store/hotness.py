@@ -6,9 +6,10 @@
   of fixed size: ``depth`` rows of ``width`` counters. Like TinyLFU's "reset",
   every counter is halved once ``10 * width`` sightings were added, so old
   popularity fades and the sketch never saturates.
-- :func:`pick_victims` chooses which fast-tier slots to free: the lowest
+- :func:`coldest_evictable` chooses which fast-tier slots to free: the lowest
   scores (decayed count for LFU, last use for LRU) among slots that no batch
-  in flight has pinned.
+  in flight has pinned (:func:`evictable` and :func:`lowest` are its plain
+  reference, and its path for small tiers).
 
 >>> import numpy as np
 >>> from tierec.store.hotness import CountMinSketch
@@ -114,6 +115,73 @@ def evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarr
     scores = np.empty(slot_lid.shape[0], dtype=np.float64)
     n = _evictable(slot_lid, pin, keep, np.int64(clock), np.int64(clock - in_flight + 1), score, soft, slots, scores)
     return slots[:n], scores[:n]
+
+
+def coldest_evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: np.ndarray, keep: np.ndarray, k: int,
+                      soft: bool = False, in_flight: int = 1) -> tuple[np.ndarray, int]:
+    """(slots of the ``k`` lowest scores among the slots :func:`evictable` gives, how many may leave): the
+    choice ``lowest`` makes over ``evictable``'s scores (among ties at the k-th score, any of them; here the
+    first in slot order), without listing every evictable slot. A bound is taken from the scores of evenly
+    spaced slots; one pass keeps the evictable slots below it and the first ``k`` at it, reading a slot's
+    pin only where its score is low enough. The count is then a lower bound (``k`` or more) unless fewer
+    than ``k`` may leave: where the pass finds too few, the plain path, with the exact count."""
+    c = slot_lid.shape[0]
+    pinned_from = np.int64(clock - in_flight + 1)
+    if c >= _SAMPLED_FROM and k > 0:
+        stride = c // _SAMPLE
+        sample = np.empty(c // stride + 1, dtype=np.float64)
+        m, seen = _sample_evictable(slot_lid, pin, keep, np.int64(clock), pinned_from, score, soft, stride, sample)
+        if m > 16:
+            j = min(m - 1, int(2 * k * seen / c) + 16)  # twice the share asked for, as in lowest()
+            bound = np.partition(sample[:m], j)[j]
+            below, ties = np.empty(c, dtype=np.int64), np.empty(k, dtype=np.int64)  # pages touched on use
+            nb_, nt = _lowest_evictable(slot_lid, pin, keep, np.int64(clock), pinned_from, score, soft, bound, k, below, ties)
+            if nb_ >= k:
+                below = below[:nb_]
+                return below[np.argpartition(score[below], k - 1)[:k]], nb_
+            if nb_ + nt >= k:  # all below the bound and the first of those at it
+                return np.concatenate([below[:nb_], ties[: k - nb_]]), k
+    slots, scores = evictable(slot_lid, pin, clock, score, keep, soft=soft, in_flight=in_flight)
+    return slots[lowest(scores, min(k, slots.size))], int(slots.size)
+
+
+@nb.njit(cache=True, nogil=True)
+def _sample_evictable(slot_lid, pin, keep, clock, pinned_from, score_of_slot, soft, stride, out):
+    """Scores of the evictable slots among every ``stride``-th; returns (how many, slots looked at)."""
+    m = 0
+    seen = 0
+    for s in range(1, slot_lid.shape[0], stride):
+        seen += 1
+        if slot_lid[s] < 0 or pin[s] >= pinned_from:
+            continue
+        if keep[s] >= clock and not soft:
+            continue
+        out[m] = np.float64(score_of_slot[s])
+        m += 1
+    return m, seen
+
+
+@nb.njit(cache=True, nogil=True)
+def _lowest_evictable(slot_lid, pin, keep, clock, pinned_from, score_of_slot, soft, bound, k, below, ties):
+    """Evictable slots scoring below ``bound`` (all, in ``below``) and at it (the first ``k``, in ``ties``), in
+    slot order; returns how many of each."""
+    n_below = 0
+    n_ties = 0
+    for s in range(1, slot_lid.shape[0]):
+        x = np.float64(score_of_slot[s])
+        if x > bound or (x == bound and n_ties >= k):
+            continue
+        if slot_lid[s] < 0 or pin[s] >= pinned_from:
+            continue
+        if keep[s] >= clock and not soft:
+            continue
+        if x < bound:
+            below[n_below] = s
+            n_below += 1
+        else:
+            ties[n_ties] = s
+            n_ties += 1
+    return n_below, n_ties
 
 
 def lowest(scores: np.ndarray, k: int) -> np.ndarray:

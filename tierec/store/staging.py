@@ -134,30 +134,25 @@ class Staging:
         self.stats.staged_rows += int(lids.size)
         return token
 
-    def take(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(found [n] bool, records [found, 1 + W], until [found]) of rows ``lids`` whose home is ``slots`` with
-        ``epochs`` now, from the windows whose copy is still current (the newest window first)."""
-        found = np.zeros(lids.size, dtype=bool)
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    def take(
+        self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, out: np.ndarray, keep: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(found [n] bool, the lid header of each found record [n] int32, -1 elsewhere) of rows ``lids``
+        (int64) whose home is ``slots`` (int64) with ``epochs`` now, from the windows whose copy is still
+        current (the newest window first). Fills ``out[found]`` [n, W] with their payloads and ``keep[found]``
+        with the lookup their window needs them until; the other rows of both are left as they are."""
+        n = lids.shape[0]
+        found = np.zeros(n, dtype=bool)
+        header = np.full(n, -1, dtype=np.int32)
+        pos = np.empty(n, dtype=np.int64)
         for w in reversed(list(self._windows.values())):
-            todo = np.flatnonzero(~found)
-            if todo.size == 0:
-                break
             if w.lids.size == 0:  # a window of ids only
                 continue
-            hit, pos = _member(w.lids, lids[todo])
-            hit &= (w.slots[pos] == slots[todo]) & (w.epochs[pos] == epochs[todo])
-            if not hit.any():
-                continue
-            rec = w.read.result()
-            parts.append((todo[hit], rec[pos[hit]], w.until[pos[hit]]))
-            found[todo[hit]] = True
-            w.used[pos[hit]] = True
-        if not parts:
-            return found, np.empty((0, 0), dtype=np.float32), np.empty(0, dtype=np.int64)
-        idx = np.concatenate([p[0] for p in parts])
-        order = np.argsort(idx)  # in the order of the found rows
-        return found, np.concatenate([p[1] for p in parts])[order], np.concatenate([p[2] for p in parts])[order]
+            if _locate(w.lids, w.slots, w.epochs, lids, slots, epochs, found, pos) == 0:
+                continue  # nothing here: its reads are not waited for
+            rec = w.read.result()  # [m, 1 + W]: the lid header, then the payload
+            _copy_found(rec, rec.view(np.int32), w.until, w.used, pos, found, out, keep, header)
+        return found, header
 
     def resolve(self, keys: np.ndarray, tabs: np.ndarray) -> Resolved | None:
         """The unique pairs of a batch's ids ``keys``/``tabs`` (exactly as a window staged them) and their lids
@@ -216,3 +211,43 @@ def _member(sorted_lids: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.n
         return np.zeros(lids.size, dtype=bool), np.zeros(lids.size, dtype=np.int64)
     pos = np.minimum(np.searchsorted(sorted_lids, lids), sorted_lids.size - 1)
     return sorted_lids[pos] == lids, pos
+
+
+@nb.njit(cache=True, nogil=True)
+def _locate(w_lids, w_slots, w_epochs, lids, slots, epochs, found, pos):
+    """``pos[i]``: where row ``lids[i]`` (not ``found`` yet) is in a window (sorted ``w_lids``) whose copy of
+    it is still current (same slot and epoch), else -1; returns how many are."""
+    m = w_lids.shape[0]
+    hits = 0
+    for i in range(lids.shape[0]):
+        pos[i] = -1
+        if found[i]:
+            continue
+        x = lids[i]
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if w_lids[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < m and w_lids[lo] == x and w_slots[lo] == slots[i] and w_epochs[lo] == epochs[i]:
+            pos[i] = lo
+            hits += 1
+    return hits
+
+
+@nb.njit(cache=True, nogil=True)
+def _copy_found(rec, rec_words, until, used, pos, found, out, keep, header):
+    """The records ``_locate`` found: payload to ``out``, keep-until to ``keep``, lid header to ``header``."""
+    width = out.shape[1]
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        if p < 0:
+            continue
+        found[i] = True
+        for j in range(width):
+            out[i, j] = rec[p, 1 + j]
+        keep[i] = until[p]
+        header[i] = rec_words[p, 0]
+        used[p] = True

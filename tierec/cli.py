@@ -32,7 +32,6 @@ from pathlib import Path
 
 from tierec.config import Config, ConfigError, from_dict, given_keys, load_config, upgrade_saved
 from tierec.paths import check_no_alias
-from tierec.train.preflight import preflight
 from tierec.version import tierec_version
 
 
@@ -90,7 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) == 0:  # (other ranks: rank 0 may hold the lock by now)
         # before anything is written: no file it will write is a link or a file of the user's
         check_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, writes=files_written(cfg))
-    preflight(cfg)
+    _preflight(cfg)
     if cfg.data.follow and args.nproc > 1:
         raise ConfigError("data.follow (--follow) runs on 1 process for now; drop --nproc")
     if not _launched_by_torchrun() and not cfg.data.follow:  # the launcher counts for all its processes (a followed
@@ -148,7 +147,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         cfg = _sized(from_dict(Config, data), set(flatten_dict(data)))
     if not args.progress:
         cfg.train.progress = False
-    preflight(cfg)
+    _preflight(cfg)
     if args.timeout < 0:
         raise ConfigError(f"--timeout must be >= 0 seconds, got {args.timeout:g}")
     summary = Tuner(TuneJob(cfg, tune, run_dir, trials=args.trials, resume=args.resume, storage=args.storage,
@@ -253,7 +252,7 @@ def _restore(checkpoint: str, data: str | None, overrides: list[str]):
         for o in ([f"data.source={json.dumps(data)}", "data.format=\"auto\""] if data else []) + overrides:
             apply_override(cfg_dict, o)
         cfg: Config = from_dict(Config, cfg_dict)
-        preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
+        _preflight(cfg)  # e.g. --set train.device="cuda" on a machine without CUDA: one line
         probe = open_source(cfg.data, "all", cfg.train.batch_size, label_optional=True)  # names and sizes only
         _check_restore_memory(cfg, probe, ckpt)
         parts = Components.build(cfg, probe.feature_names, probe.n_dense)
@@ -484,6 +483,14 @@ def build_parser() -> argparse.ArgumentParser:
         if command.epilog is None and name != "bench":
             command.epilog = CONFIG_KEYS_HELP
     return parser
+
+
+def _preflight(cfg: Config) -> None:
+    """tierec.train.preflight's checks. Imported here, not at the top: it imports torch, and this module must
+    not, so that ``main`` sets OpenMP's wait policy before torch loads OpenMP (which reads it once, then)."""
+    from tierec.train.preflight import preflight
+
+    preflight(cfg)
 
 
 def apply_omp_wait_policy(environ) -> None:

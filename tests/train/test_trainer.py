@@ -130,3 +130,26 @@ def test_cli_openmp_wait_policy() -> None:
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
     apply_omp_wait_policy(env)
     assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+@pytest.mark.parametrize("given, spins", [(None, "0"), ("default", "300000"), ("ACTIVE", "30000000000")])
+def test_the_command_line_sets_the_wait_policy_before_openmp_starts(given, spins) -> None:
+    # OpenMP reads OMP_WAIT_POLICY once, when torch loads it: the command line must choose before any torch
+    # import (tierec.cli imports none). GNU OpenMP shows what it took as its spin count: 0 for PASSIVE, its
+    # default otherwise, and "default" is no value it knows (it would warn of an invalid value).
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    done = subprocess.run([sys.executable, "-c", "import sys, tierec.cli; assert 'torch' not in sys.modules; "
+                           "tierec.cli.main(['train', '--help'])"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = [line for line in done.stderr.splitlines() if "GOMP_SPINCOUNT" in line]
+    if not shown:
+        pytest.skip("torch's OpenMP is not GNU OpenMP: nothing shows its wait policy")
+    assert shown[0].split("=")[1].strip().strip("'") == spins
+    assert "Invalid value" not in done.stderr

@@ -499,8 +499,8 @@ def apply_omp_wait_policy(environ) -> None:
     Unset -> PASSIVE: on a shared machine spinning waits made training steps 10-20x
     slower (docs/performance.md). ``OMP_WAIT_POLICY=default`` removes the variable, so
     OpenMP uses its own default (spin a while, then sleep): on a dedicated, quiet
-    machine 1.08x (the default synthetic run) to 1.2x (the e2e benchmark's DLRM) the
-    speed of PASSIVE. Any other value is the user's and stands.
+    machine 1.08x-1.35x (the default synthetic run, by host) and 1.2x (the e2e benchmark's
+    DLRM) the speed of PASSIVE. Any other value is the user's and stands.
     """
     if environ.get("OMP_WAIT_POLICY", "").lower() == "default":
         del environ["OMP_WAIT_POLICY"]

@@ -49,8 +49,25 @@ def main() -> int:
         for name, extra in {"plain": [], "tiered": ["store.enabled=true", "store.cache_size=1MiB", f"store.disk_path={tmp}/disk"],
                             "pruned": ["prune.enabled=true", "prune.every=2"]}.items():
             Trainer(load_config(None, base + extra), Path(tmp) / name, echo=lambda _: None).fit()
+    _large_fast_tier()
     print(f"tierec's kernels are compiled ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
+
+
+def _large_fast_tier() -> None:
+    """The eviction kernels only a fast tier of 65,536 slots or more runs (the tiny runs never fill one)."""
+    from tierec.embedding.layout import RecordLayout
+    from tierec.embedding.table import TableConfig
+    from tierec.store.directory import Directory
+    from tierec.store.eviction import Eviction
+    from tierec.store.fast_tier import FastTier
+    from tierec.store.spec import CachePolicy
+
+    n = 1 << 16
+    fast = FastTier(n, RecordLayout.of_tables([TableConfig(name="t", dim=1, features=["f"])]), "cpu")
+    fast.slot_lid[fast.take(n)] = 0
+    for policy in CachePolicy:  # LFU's scores are float32 counts, LRU's int32 steps
+        Eviction(policy).choose(fast, Directory(cache_slots=n + 1), clock=1, wanted=64)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,24 @@ def test_lr_tunes_c_on_the_split_rules_hold_out(tmp_path: Path) -> None:
     assert len(fit[2]) + len(hold[2]) == len(train[2]) == 1600 and abs(len(hold[2]) - 320) <= 2
     assert fit[0][:, 0].max() < hold[0][:, 0].min()  # the hold-out is the latest by time (the raw t column)
     assert tuning_split(load_config(None, over[:-3] + ['data.split="tail"'])) is None
+
+
+@pytest.mark.parametrize("name", ["criteo", "movielens", "amazon", "frappe", "lastfm"])
+def test_the_hand_written_schema_asks_the_inspected_schemas_task(name: str, tmp_path: Path) -> None:
+    """benchmarks.hand_schema compares column roles only: the hand-written schema has the inspected one's label,
+    threshold, split and negatives, and every column it names is one the file has."""
+    from benchmarks.hand_schema import HAND
+    from tierec.data import open_source
+
+    path, _ = public_data.FILES[name]
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    auto = load_config([str(public_data.inspect(path, tmp_path / "a.toml"))], [])
+    (tmp_path / "h.toml").write_text(HAND[name].format(source=path))
+    hand = load_config([str(tmp_path / "h.toml")], [])
+    for key in ("split", "negatives", "negative_sampling"):
+        assert getattr(hand.data, key) == getattr(auto.data, key), key
+    assert str(hand.data.schema.label_threshold) == str(auto.data.schema.label_threshold)  # (nan: none)
+    assert len(hand.data.schema.categorical) >= len(auto.data.schema.categorical)
+    batch = next(iter(open_source(hand.data, "train", 256)))  # the file reads with the hand-written columns
+    assert batch.size == 256

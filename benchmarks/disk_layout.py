@@ -5,7 +5,8 @@
 Runs ``benchmarks.tiers``'s disk workload (its options, one tiered mode) a window of ``--window`` batches at a
 time. Before each window it probes which of the window's rows are on disk and not in the fast tier (the rows its
 read-ahead reads) and counts the 4 KiB pages those rows touch where they lie, and where they would lie in a file of the same rows ordered by the workload's true
-popularity (its Zipf rank; ties by table): the most any hotness packing could save on this workload. Also the
+popularity (its Zipf rank; ties by table): the most any hotness packing could save on this workload; and the bytes
+the disk tier's reads of them would cover (records less than 16 KiB apart read in one request). Also the
 share of the rows read from their load-time slot (never rewritten since the table was loaded).
 
 >>> from benchmarks.disk_layout import main
@@ -30,6 +31,18 @@ from tierec.store.directory import LOC_DISK
 from tierec.store.group import TierStore
 
 PAGE = 4096
+ALIGN, GAP = 512, 16384  # as the disk tier reads with O_DIRECT: 512-byte aligned spans, records closer than GAP in one
+
+
+def _span_bytes(slots: np.ndarray, rec_bytes: int) -> int:
+    """Bytes the disk tier's O_DIRECT reads of these records cover: aligned spans, records less than GAP bytes
+    apart in one span (the tier's request rule)."""
+    start = np.unique(slots) * rec_bytes
+    lo, hi = start - start % ALIGN, -(-(start + rec_bytes) // ALIGN) * ALIGN
+    new = np.ones(lo.size, dtype=bool)
+    new[1:] = lo[1:] > hi[:-1] + GAP
+    first = np.flatnonzero(new)
+    return int((np.maximum.reduceat(hi, first) - lo[first]).sum()) if first.size else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,7 +96,7 @@ def run(a: argparse.Namespace) -> dict:
         runner.run(batches[: a.warmup], timed=False)
         hot = _hotness_positions(group, w)
         rec_bytes = group.disk.rec_bytes
-        rows = at_load = actual = by_hotness = 0
+        rows = at_load = actual = by_hotness = span = span_hot = 0
         for i in range(a.warmup, len(batches), a.window):
             part = batches[i : i + a.window]
             lids, slots = _window_disk_rows(runner, group, part)
@@ -92,6 +105,8 @@ def run(a: argparse.Namespace) -> dict:
             if lids.size:
                 actual += _pages(slots, rec_bytes)
                 by_hotness += _pages(hot[lids], rec_bytes)
+                span += _span_bytes(slots, rec_bytes)
+                span_hot += _span_bytes(hot[lids], rec_bytes)
             runner.run(part, timed=True)
         steps = max(a.steps, 1)
         return {
@@ -99,6 +114,7 @@ def run(a: argparse.Namespace) -> dict:
             "record_bytes": rec_bytes, "disk_rows_per_step": rows / steps,
             "share_at_load_slot": at_load / max(rows, 1),
             "pages_per_step": actual / steps, "pages_per_step_by_hotness": by_hotness / steps,
+            "read_mib_per_step": span / steps / 2**20, "read_mib_per_step_by_hotness": span_hot / steps / 2**20,
             "samples_per_s": runner.result(a.train_batch)["samples_per_s"],
         }
     finally:
@@ -113,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['budget_x']:g}x {r['cold_precision']}: {r['disk_rows_per_step']:,.0f} rows from disk per step "
             f"({r['share_at_load_slot']:.0%} from their load-time slot); 4 KiB pages per step, windows of "
-            f"{r['window']}: {r['pages_per_step']:,.0f} as laid out, {r['pages_per_step_by_hotness']:,.0f} ordered by hotness"
+            f"{r['window']}: {r['pages_per_step']:,.0f} as laid out, {r['pages_per_step_by_hotness']:,.0f} ordered by hotness; "
+            f"MiB read per step (16 KiB gaps merged): {r['read_mib_per_step']:,.1f} as laid out, "
+            f"{r['read_mib_per_step_by_hotness']:,.1f} ordered by hotness"
         )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -224,6 +224,9 @@ class Trainer:
         store = StoreMonitor.for_components(parts, cfg.store)  # tiered tables: prefetch pipeline, statistics
         if store.describe() and self.job.is_main:
             self.echo(store.describe())
+        self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
+        if pipe.describe() and self.job.is_main:
+            self.echo(pipe.describe())  # before the progress bar starts, as the store's line
 
         # 2. loop over steps
         # A terminal gets a live bar; a log file gets a line every 30 s at most.
@@ -242,10 +245,6 @@ class Trainer:
         first: tuple[int, float] | None = None  # (samples, seconds) of the first step, used only if it stays the only one
         eval_split = "validation" if has_validation(cfg.data) else "test"
         done = pos.step >= end
-        self._pipe = pipe = TrainPipeline(parts, self.job, cfg, store)  # what runs ahead of each step, and where
-        line = pipe.describe()
-        if line and self.job.is_main:
-            say(line)
         while not done:
             source = passes.source(pos.epoch, pos.batch_in_epoch, pos.step)
             if source is None:  # a stop was asked for while a followed directory had no new file

@@ -38,7 +38,7 @@ import numpy as np
 
 from tierec.store.disk import PendingRead
 
-ROW_BOOKKEEPING = 33  # bytes per row read ahead besides its record: four int64 and a flag
+ROW_BOOKKEEPING = 21  # bytes per row read ahead besides its record: row, slot and epoch int32, keep-until int64, a flag
 
 
 @dataclass
@@ -75,11 +75,11 @@ class Resolved:
 
 @dataclass
 class _Window:
-    lids: np.ndarray  # [n] sorted row ids
-    slots: np.ndarray  # [n] their disk slots when staged
-    epochs: np.ndarray  # [n] the slots' segment epochs when staged
+    lids: np.ndarray  # [n] int32 sorted row ids
+    slots: np.ndarray  # [n] int32 their disk slots when staged
+    epochs: np.ndarray  # [n] int32 the slots' segment epochs when staged
     read: PendingRead  # records in the order of ``lids``
-    until: np.ndarray  # [n] the lookup the window last needs each row at (-1: not kept)
+    until: np.ndarray  # [n] int64 the lookup the window last needs each row at (-1: not kept)
     used: np.ndarray  # [n] bool: taken by a lookup
     ids: WindowIds | None = None  # the window's unique pairs and batches (what resolve() starts from)
 
@@ -105,12 +105,13 @@ class Staging:
         return sum(w.lids.size for w in self._windows.values())
 
     def nbytes(self) -> int:
-        """Bytes held: per row its record (with the lid header), four int64 (row, slot, epoch, until) and a flag."""
-        return sum(w.read.nbytes + w.lids.nbytes * 4 + w.used.nbytes for w in self._windows.values())
+        """Bytes held: per row its record (with the lid header) and its bookkeeping (``ROW_BOOKKEEPING``)."""
+        return sum(w.read.nbytes + w.lids.nbytes + w.slots.nbytes + w.epochs.nbytes + w.until.nbytes + w.used.nbytes
+                   for w in self._windows.values())
 
     def room(self, budget: int, record_bytes: int, wanted: int) -> int:
         """How many of ``wanted`` more rows of ``record_bytes`` fit beside the windows held in ``budget`` bytes
-        (each row also holds a row id, slot, epoch, keep-until and a flag: 33 bytes); the rest are dropped."""
+        (each row also holds a row id, slot, epoch, keep-until and a flag: ``ROW_BOOKKEEPING``); the rest are dropped."""
         fits = max((budget - self.nbytes()) // (record_bytes + ROW_BOOKKEEPING), 0)
         self.stats.dropped_rows += max(wanted - fits, 0)
         return min(wanted, fits)
@@ -127,10 +128,12 @@ class Staging:
         ids: WindowIds | None = None,
     ) -> int:
         """File a pending read of rows ``lids`` (sorted) at ``slots`` (none: a window of ``ids`` only);
-        returns the window's token."""
+        returns the window's token. Rows, slots and epochs are kept as int32 (the directory's widths: a
+        fast-tier slot's row and a row's home are int32 there), keep-until as int64."""
         token = self._next
         self._next += 1
-        self._windows[token] = _Window(lids, slots, epochs, read, until, np.zeros(lids.size, dtype=bool), ids)
+        i32 = (np.asarray(x).astype(np.int32, copy=False) for x in (lids, slots, epochs))
+        self._windows[token] = _Window(*i32, read, np.asarray(until, dtype=np.int64), np.zeros(lids.size, dtype=bool), ids)
         self.stats.staged_rows += int(lids.size)
         return token
 

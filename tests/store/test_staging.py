@@ -202,3 +202,14 @@ def test_a_record_read_ahead_that_is_not_the_row_written_there_is_an_error(tmp_p
     with pytest.raises(DiskTierError, match="holds row 99"):
         _look(g, np.arange(4))
     g.close()
+
+
+def test_a_windows_bookkeeping_is_what_the_budget_counts_per_row() -> None:
+    from tierec.store.staging import ROW_BOOKKEEPING, Staging
+
+    s, n = Staging(), 1000
+    rec = np.zeros((n, 1 + 7), dtype=np.float32)
+    s.add(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), _Read(rec),
+          np.full(n, -1, dtype=np.int64))
+    assert s.nbytes() == rec.nbytes + n * ROW_BOOKKEEPING
+    assert s.room(rec.nbytes + n * ROW_BOOKKEEPING + 10 * (32 + ROW_BOOKKEEPING), 32, 50) == 10  # 10 more rows fit

@@ -28,21 +28,10 @@ import numpy as np
 from benchmarks import tiers
 from benchmarks.workload import Workload, popularity_rank
 from tierec.store.directory import LOC_DISK
+from tierec.store.disk import direct_read_bytes
 from tierec.store.group import TierStore
 
 PAGE = 4096
-ALIGN, GAP = 512, 16384  # as the disk tier reads with O_DIRECT: 512-byte aligned spans, records closer than GAP in one
-
-
-def _span_bytes(slots: np.ndarray, rec_bytes: int) -> int:
-    """Bytes the disk tier's O_DIRECT reads of these records cover: aligned spans, records less than GAP bytes
-    apart in one span (the tier's request rule)."""
-    start = np.unique(slots) * rec_bytes
-    lo, hi = start - start % ALIGN, -(-(start + rec_bytes) // ALIGN) * ALIGN
-    new = np.ones(lo.size, dtype=bool)
-    new[1:] = lo[1:] > hi[:-1] + GAP
-    first = np.flatnonzero(new)
-    return int((np.maximum.reduceat(hi, first) - lo[first]).sum()) if first.size else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,8 +94,8 @@ def run(a: argparse.Namespace) -> dict:
             if lids.size:
                 actual += _pages(slots, rec_bytes)
                 by_hotness += _pages(hot[lids], rec_bytes)
-                span += _span_bytes(slots, rec_bytes)
-                span_hot += _span_bytes(hot[lids], rec_bytes)
+                span += direct_read_bytes(slots, rec_bytes)
+                span_hot += direct_read_bytes(hot[lids], rec_bytes)
             runner.run(part, timed=True)
         steps = max(a.steps, 1)
         return {

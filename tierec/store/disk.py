@@ -168,6 +168,23 @@ def _runs(sorted_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return sorted_slots[starts], lengths.astype(np.int64), starts.astype(np.int64)
 
 
+def direct_read_bytes(slots: np.ndarray, rec_bytes: int) -> int:
+    """Bytes the O_DIRECT reads of the records at ``slots`` (any order, duplicates allowed) cover, by the rule
+    the tier reads with: aligned spans, records closer than ``_DIRECT_GAP`` in one request.
+
+    >>> direct_read_bytes(np.array([2, 0, 1, 1000]), 32)  # two requests of 512 bytes: record 1000 lies past the gap
+    1024
+    >>> direct_read_bytes(np.array([0, 400]), 32)  # 12,800 bytes apart: one request
+    13312
+    """
+    uniq = np.unique(np.asarray(slots, dtype=np.int64))
+    if uniq.size == 0:
+        return 0
+    run_slot, run_len, _ = _runs(uniq)
+    lo, hi, _ = _spans(run_slot, run_len, rec_bytes, _DIRECT_ALIGN, _DIRECT_GAP)
+    return int((hi - lo).sum())
+
+
 class DiskTier:
     def __init__(
         self,

@@ -361,7 +361,7 @@ class TierStore:
             )
         if miss.size:
             slots = self._take_slots(miss.size)
-            up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64)
+            up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64, copy=False)  # copies: changed below
             on_host = np.flatnonzero(loc == LOC_HOST)  # making room may have moved host rows to disk: where now
             if on_host.size:
                 _, _, loc[on_host], home[on_host] = self.index.where(up[on_host])

@@ -227,13 +227,7 @@ def _locate(w_lids, w_slots, w_epochs, lids, slots, epochs, found, pos):
         if found[i]:
             continue
         x = lids[i]
-        lo, hi = 0, m
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if w_lids[mid] < x:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = np.searchsorted(w_lids, x)
         if lo < m and w_lids[lo] == x and w_slots[lo] == slots[i] and w_epochs[lo] == epochs[i]:
             pos[i] = lo
             hits += 1

@@ -27,17 +27,31 @@ replica to ``anchor + mean(changes)``, so the replicas end bit-identical.
 [2.0, 2.0, 2.0]
 """
 
+import inspect
 import time  # no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from tierec.distributed.codecs import Codec, DenseResiduals
 from tierec.distributed.cross import replica_sum_dense
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.layout import Layout
+
+
+def dense_ddp(model: nn.Module, group, device_ids: list[int] | None = None) -> DistributedDataParallel:
+    """DDP over ``group`` that does not broadcast buffers before each forward (the dense parts keep none that change).
+
+    torch 2.13 names that ``forward_sync_buffers=False`` and warns on the older
+    ``broadcast_buffers=False``; earlier releases (CUDA builds such as 2.11) know
+    only the older name. Either way the buffers are synced once, at construction.
+    """
+    known = inspect.signature(DistributedDataParallel.__init__).parameters
+    off = {"forward_sync_buffers": False} if "forward_sync_buffers" in known else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=group, **off)
 from tierec.distributed import wire
 
 

@@ -48,7 +48,7 @@ from tierec.config import DistConfig
 from tierec.distributed.codecs import codec
 from tierec.distributed.context import DistContext
 from tierec.distributed.cross import CROSS
-from tierec.distributed.dense_sync import DenseAverager, HookState, hierarchical_hook
+from tierec.distributed.dense_sync import DenseAverager, HookState, dense_ddp, hierarchical_hook
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.hot import HotPolicy
 from tierec.distributed.layout import Layout
@@ -103,10 +103,10 @@ class Hierarchical:
     def wrap_dense(self, model: nn.Module) -> DistributedDataParallel:
         c = codec(self.cfg.compress)
         if self.gradients:
-            ddp = DistributedDataParallel(model, process_group=self.ctx.dense_group, forward_sync_buffers=False)
+            ddp = dense_ddp(model, self.ctx.dense_group)
             ddp.register_comm_hook(HookState(hier=self.layout, codec=c, traffic=self.traffic), hierarchical_hook)
             return ddp
-        ddp = DistributedDataParallel(model, process_group=self.layout.shard_group, forward_sync_buffers=False)
+        ddp = dense_ddp(model, self.layout.shard_group)
         self.dense = DenseAverager(list(model.parameters()), c, self.layout.replica_group, self.traffic)
         return ddp
 

@@ -43,11 +43,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from tierec.config import Config
 from tierec.distributed.config_check import check_job_config
 from tierec.distributed.context import DistContext
+from tierec.distributed.dense_sync import dense_ddp
 from tierec.distributed.hierarchical import Hierarchical
 from tierec.distributed.layout import Layout
 from tierec.distributed.sharded import ShardedEmbeddingCollection
@@ -110,7 +110,7 @@ def parallelize(parts: Any, layout: Layout, cfg: Config) -> tuple[Any, Hierarchi
 
     def ddp(model: nn.Module) -> nn.Module:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None  # the model is on this process's GPU
-        return DistributedDataParallel(model, device_ids=ids, process_group=ctx.dense_group, forward_sync_buffers=False)
+        return dense_ddp(model, ctx.dense_group, ids)
 
     return _made_parallel(parts, lambda coll: ShardedEmbeddingCollection(coll, ctx, cfg.dist), ddp, JobSums(ctx)), None
 

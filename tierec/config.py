@@ -134,6 +134,11 @@ class ModelConfig:
     # columns only), for logs with sampled negatives of 204,800-2,047,999, and from 65,536 rows for the tables dlrm
     # and dcnv2 get on id columns).
     first_order_lr_scale: float = 1.0
+    # Where the first-order weights start: "rates" = each id's positive rate in the head of the training split
+    # (the rows data.dense_stats_rows reads), smoothed towards the base rate by 10 rows of it, as log-odds over
+    # the base rate divided by the number of first-order features (a model starts where item popularity ends);
+    # "zeros" = at 0. A resumed run takes them from its checkpoint.
+    first_order_init: str = "rates"  # rates | zeros
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
@@ -152,6 +157,8 @@ class ModelConfig:
         if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
             raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
         _positive_rate(self.first_order_lr_scale, "model.first_order_lr_scale")
+        if self.first_order_init not in {"rates", "zeros"}:
+            raise ConfigError(f"model.first_order_init {self.first_order_init!r} is not one of rates, zeros")
 
 
 # ---------------------------------------------------------------------------- train

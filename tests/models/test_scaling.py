@@ -11,7 +11,7 @@ from tierec.config import load_config
 from tierec.data import open_source
 from tierec.models.scaling import DenseScaler, DenseStats
 from tierec.train.components import Components
-from tierec.train.dense_stats import fit_dense_scaling
+from tierec.train.dense_stats import fit_to_training_split
 
 
 def test_streamed_statistics_equal_the_whole_array() -> None:
@@ -33,7 +33,7 @@ def test_the_trainer_fits_the_training_split_and_drops_a_constant_column(tmp_pat
     source = open_source(cfg.data, "train", 64)
     parts = Components.build(cfg, source.feature_names, source.n_dense)
     said: list[str] = []
-    fit_dense_scaling(cfg, parts.model, source, said.append)
+    fit_to_training_split(cfg, parts, source, said.append)
     price = np.array([(i * 37) % 101 / 10 for i in range(300)], dtype=np.float32)  # the first 300 rows: the training split
     scale = parts.model.dense_scale
     assert abs(float(scale.mean[0]) - price.mean()) < 1e-4 and abs(1 / float(scale.inv_std[0]) - price.std()) < 1e-4
@@ -85,7 +85,7 @@ def test_shrink_centres_every_column_and_divides_only_a_spread_above_one(tmp_pat
         cfg = load_config(None, [*base, f'data.dense_scaling="{mode}"'])
         source = open_source(cfg.data, "train", 64)
         parts = Components.build(cfg, source.feature_names, source.n_dense)
-        fit_dense_scaling(cfg, parts.model, source, print)
+        fit_to_training_split(cfg, parts, source, print)
         scale = parts.model.dense_scale
         np.testing.assert_allclose(scale.mean.numpy(), [small.mean(), big.mean()], rtol=1e-5)
         np.testing.assert_allclose(scale.inv_std.numpy(), [want_small, 1 / big.std()], rtol=1e-5)

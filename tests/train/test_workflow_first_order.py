@@ -47,3 +47,53 @@ def test_dlrm_id_only_trains_on_every_storage(ids: list[str], storage: str, tmp_
     assert run["test_auc"] > 0.6, run
     if storage.startswith("tiered"):  # rows really lived on disk
         assert run["store"]["rows_disk"] > 0, run["store"]
+
+
+@pytest.mark.parametrize("storage", ["plain", "tiered"])
+def test_first_order_weights_start_from_the_counted_rates(ids: list[str], storage: str, tmp_path: Path) -> None:
+    """``model.first_order_init = "rates"``: each first-order row starts at its id's smoothed log-odds over the
+    base rate / F, counted here row by row in plain Python; "zeros" leaves them at 0."""
+    import math
+
+    from tierec.data import open_source
+    from tierec.train.dense_stats import fit_to_training_split
+    from tierec.train.first_order_rates import PRIOR_ROWS
+
+    extra = {"plain": [], "tiered": ["store.enabled=true", "store.memory_budget=40KiB", "store.cache_size=24KiB",
+                                     f"store.disk_path={json.dumps(str(tmp_path / 'disk'))}"]}[storage]
+    cfg = load_config(None, ids + extra + ["data.dense_stats_rows=1000"])  # the first 1,000 rows: 4 batches of 256
+    source = open_source(cfg.data, "train", cfg.train.batch_size)
+    parts = Components.build(cfg, source.feature_names, source.n_dense)
+    fit_to_training_split(cfg, parts, source, print)
+    counts: dict[tuple[str, int], list[float]] = {}
+    rows = positives = 0.0
+    for batch in open_source(cfg.data, "train", cfg.train.batch_size):
+        if rows >= 1000:
+            break
+        for i, y in enumerate(batch.labels.tolist()):
+            rows, positives = rows + 1, positives + y
+            for f, key in enumerate(batch.sparse.keys):
+                b = batch.sparse.batch_size
+                lo, hi = batch.sparse.offsets[f * b + i : f * b + i + 2].tolist()
+                for v in batch.sparse.values[lo:hi].tolist():
+                    c = counts.setdefault((key, v), [0.0, 0.0])
+                    c[0], c[1] = c[0] + 1, c[1] + y
+    assert rows == 1024
+    p = positives / rows
+    sd = parts.wide.state_dict()
+    checked = 0
+    for t in parts.wide.tables:
+        got = dict(zip(sd[f"{t.name}.ids"].tolist(), sd[f"{t.name}.weights"][:, 0].tolist()))
+        (feature,) = t.features
+        want = {v: (math.log((pos + PRIOR_ROWS * p) / (n - pos + PRIOR_ROWS * (1 - p))) - math.log(p / (1 - p))) / 2
+                for (key, v), (n, pos) in counts.items() if key == feature}
+        assert got.keys() == want.keys()
+        for v, w in want.items():
+            assert got[v] == pytest.approx(w, abs=1e-6)
+            checked += 1
+    assert checked > 100 and max(abs(w) for w in got.values()) > 0.05
+
+    zeros = load_config(None, ids + extra + ['model.first_order_init="zeros"'])
+    parts = Components.build(zeros, source.feature_names, source.n_dense)
+    fit_to_training_split(zeros, parts, open_source(zeros.data, "train", zeros.train.batch_size), print)
+    assert parts.wide.num_rows() == 0  # nothing set: rows appear, at 0, when training meets them

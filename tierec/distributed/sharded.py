@@ -368,6 +368,16 @@ class ShardedEmbeddingCollection(nn.Module):
                 return
         raise KeyError(f"no table {table!r} in this model")
 
+    def set_weights(self, table: str, ids: np.ndarray, weights: np.ndarray) -> None:
+        """What ``EmbeddingCollection.set_weights`` does, for the rows among ``ids`` that this rank owns."""
+        for shard in self.shards:
+            for ti, t in enumerate(shard.owner.tables):
+                if t.name == table:
+                    keep = shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32))
+                    self.local.set_weights(table, ids[keep], weights[keep])
+                    return
+        raise KeyError(f"no table {table!r} in this model")
+
     # ------------------------------------------------- changes (delta checkpoints): this rank's shard
 
     def track_changes(self) -> None:

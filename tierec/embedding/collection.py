@@ -260,6 +260,17 @@ class EmbeddingCollection(nn.Module):
         g, ti = self._table_slot(table)
         g.write_records(ti, records)
 
+    def set_weights(self, table: str, ids: np.ndarray, weights: np.ndarray) -> None:
+        """Insert (or overwrite) the weights ``[n, dim]`` of rows ``ids`` (unique) of ``table``; their optimizer
+        state is a new row's (a warm start, before the first step)."""
+        g, ti = self._table_slot(table)
+        tabs = np.full(ids.shape[0], ti, dtype=np.int32)
+        fresh = g.empty_in_memory()  # the same row layout: its new rows carry the initial optimizer state
+        fresh.lookup(ids, tabs, insert=True)
+        _, records = fresh.records_of(ids, tabs)
+        records[:, : weights.shape[1]] = weights
+        g.put_records(ids, tabs, records)
+
     # --------------------------------------------------------------- changes
 
     def track_changes(self) -> None:

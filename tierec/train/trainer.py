@@ -41,7 +41,7 @@ from tierec.store.monitor import StoreMonitor
 from tierec.train.allocator import keep_heap
 from tierec.train.checkpoint import Checkpoint, CheckpointError, checkpoint_dirs, save_checkpoint
 from tierec.train.components import Components
-from tierec.train.dense_stats import fit_dense_scaling
+from tierec.train.dense_stats import fit_to_training_split
 from tierec.train.evaluate import BEST_DIR, evaluate, has_validation, planted_auc, require_defined, with_validation
 from tierec.train.metrics import EvalAccumulator
 from tierec.train.passes import EpochPasses, FollowPasses, resolve_format
@@ -213,7 +213,7 @@ class Trainer:
         else:
             if self.resume:
                 self.echo(f"no checkpoint in {ckpt_dir}; starting from scratch")
-            fit_dense_scaling(cfg, parts.model, probe, self.echo)  # one pass over the head of the training split
+            fit_to_training_split(cfg, parts, probe, self.echo)  # one pass over the head of the training split
         if cfg.train.delta_every:
             if self.job.mesh is not None:  # replicas of groups: group 0 writes, averaging moves rows unnoted
                 raise ConfigError("train.delta_every does not run on a mesh of groups yet; set dist.group_size = 0 or delta_every = 0")

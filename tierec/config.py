@@ -136,9 +136,10 @@ class ModelConfig:
     first_order_lr_scale: float = 1.0
     # Where the first-order weights start: "rates" = each id's positive rate in the head of the training split
     # (the rows data.dense_stats_rows reads), smoothed towards the base rate by 10 rows of it, as log-odds over
-    # the base rate divided by the number of first-order features (a model starts where item popularity ends);
+    # the base rate divided by the number of first-order features (a model starts where item popularity ends;
+    # `tierec train` picks it below 65,536 training rows and for logs with sampled negatives of 204,800-2,047,999);
     # "zeros" = at 0. A resumed run takes them from its checkpoint.
-    first_order_init: str = "rates"  # rates | zeros
+    first_order_init: str = "zeros"  # zeros | rates
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
@@ -158,7 +159,7 @@ class ModelConfig:
             raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
         _positive_rate(self.first_order_lr_scale, "model.first_order_lr_scale")
         if self.first_order_init not in {"rates", "zeros"}:
-            raise ConfigError(f"model.first_order_init {self.first_order_init!r} is not one of rates, zeros")
+            raise ConfigError(f"model.first_order_init {self.first_order_init!r} is not one of zeros, rates")
 
 
 # ---------------------------------------------------------------------------- train

@@ -38,13 +38,15 @@ def test_synthetic_data_and_large_files_keep_the_defaults(tmp_path: Path) -> Non
 def test_logs_with_sampled_negatives_get_two_epochs_and_a_higher_embedding_lr_up_to_their_bound() -> None:
     log = load_config(None, ["data.negatives=2", 'data.user_column="C1"', 'data.item_column="C2"'])
     cfg, chosen = size_defaults(log, set(), train_rows=250_000)
-    assert chosen == {"train.epochs": 2, "embedding.optimizer.lr": 0.1, "model.first_order_lr_scale": 5.0}
+    assert chosen == {"train.epochs": 2, "embedding.optimizer.lr": 0.1, "model.first_order_lr_scale": 5.0,
+                      "model.first_order_init": "rates"}
     assert cfg.train.epochs == 2 and cfg.embedding.optimizer.lr == 0.1 and cfg.model.first_order_lr_scale == 5.0
     assert size_defaults(log, set(), train_rows=2_048_000)[1] == {}  # beyond what was measured: the defaults
     assert size_defaults(load_config(None, []), set(), train_rows=250_000)[1] == {}  # labelled files: unchanged
-    assert size_defaults(log, {"embedding.optimizer.kind"}, train_rows=250_000)[1] == {"train.epochs": 2,
-                                                                                      "model.first_order_lr_scale": 5.0}
-    assert size_defaults(log, {"train.epochs", "model.first_order_lr_scale"}, train_rows=250_000)[1] == {"embedding.optimizer.lr": 0.1}
+    assert size_defaults(log, {"embedding.optimizer.kind"}, train_rows=250_000)[1] == {
+        "train.epochs": 2, "model.first_order_lr_scale": 5.0, "model.first_order_init": "rates"}
+    assert size_defaults(log, {"train.epochs", "model.first_order_lr_scale", "model.first_order_init"},
+                         train_rows=250_000)[1] == {"embedding.optimizer.lr": 0.1}
     assert "embedding.optimizer.lr" not in size_defaults(log, set(), train_rows=100_000)[1]  # 65,536-204,799: as before
 
 
@@ -73,7 +75,11 @@ def test_small_file_defaults_are_chosen_printed_stored_and_kept_on_resume(tmp_pa
     cfg, chosen = size_defaults(load_config(None, base + ["train.batch_size=128", "embedding.optimizer.lr=0.02"]),
                                 {"train.batch_size", "embedding.optimizer.lr"})
     assert chosen == {"train.epochs": 2, "train.dense_lr": 0.002, "model.first_order_lr_scale": 5.0, "embedding.dim": 8,
-                      "embedding.init_scale": 0.01}
+                      "embedding.init_scale": 0.01, "model.first_order_init": "rates"}
+    # the first-order weights start from counted rates below 65,536 rows (and on the logs above), at 0 from there
+    assert [size_defaults(load_config(None, base), set(), train_rows=r)[1].get("model.first_order_init")
+            for r in (8_000, 65_535, 65_536, 1_000_000)] == ["rates", "rates", None, None]
+    assert load_config(None, []).model.first_order_init == "zeros"  # synthetic data and shard directories: the default
     assert cfg.train.batch_size == 128 and cfg.embedding.optimizer.kind.value == "rowwise_adagrad"
     # 20,000-65,535 rows: the first-order tables too, at 5x, and Adam; nothing else of the small band
     _, mid = size_defaults(load_config(None, base + ["model.name=dlrm"]), {"model.name"}, train_rows=40_000)

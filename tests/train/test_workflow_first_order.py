@@ -61,7 +61,7 @@ def test_first_order_weights_start_from_the_counted_rates(ids: list[str], storag
 
     extra = {"plain": [], "tiered": ["store.enabled=true", "store.memory_budget=40KiB", "store.cache_size=24KiB",
                                      f"store.disk_path={json.dumps(str(tmp_path / 'disk'))}"]}[storage]
-    cfg = load_config(None, ids + extra + ["data.dense_stats_rows=1000"])  # the first 1,000 rows: 4 batches of 256
+    cfg = load_config(None, ids + extra + ['model.first_order_init="rates"', "data.dense_stats_rows=1000"])  # 4 batches of 256
     source = open_source(cfg.data, "train", cfg.train.batch_size)
     parts = Components.build(cfg, source.feature_names, source.n_dense)
     fit_to_training_split(cfg, parts, source, print)

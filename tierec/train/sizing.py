@@ -18,12 +18,12 @@ training rows       train.batch_size             epochs  other keys
 ==================  ===========================  ======  =============================================
 < 20,000            rows / 30 down to a power    2       train.dense_lr 0.002; model.first_order "on"
                     of 2, within [32, 256]               (DLRM, DCN-v2) with first_order_lr_scale 5 (10
-                                                         on id columns only);
+                                                         on id columns only), first_order_init "rates";
                                                          embedding.dim 8 (not with pruning); embedding
                                                          optimizer Adam lr 0.001 from init_scale 0.01
 20,000 - 65,535     rows / 100 down to a power   1       model.first_order "on" (DLRM, DCN-v2) with
-                    of 2, at least 256                   first_order_lr_scale 5 (10 on id columns only); embedding optimizer
-                                                         Adam lr 0.001 from init_scale 0.01
+                    of 2, at least 256                   first_order_lr_scale 5 (10 on id columns only), first_order_init
+                                                         "rates"; embedding optimizer Adam lr 0.001 from init_scale 0.01
 65,536 - 204,799    the same                     1       first_order_lr_scale 5 (DLRM, DCN-v2 on id
                                                          columns only)
 >= 204,800          2048 (the default)           1       the same
@@ -31,8 +31,8 @@ training rows       train.batch_size             epochs  other keys
 
 Logs with sampled negatives (``data.negatives > 0``) of 204,800 to 2,047,999
 training rows (negatives counted) get two epochs and the row-wise Adagrad at lr
-0.1 instead of one epoch at 0.05, and their first-order (per-id bias) tables learn
-at 5x that rate as below 20,000 rows (``model.first_order_lr_scale``; on Last.fm
+0.1 instead of one epoch at 0.05, and their first-order (per-id bias) tables start
+from counted rates and learn at 5x that rate as below 20,000 rows (``model.first_order_lr_scale``; on Last.fm
 DLRM 0.878 -> 0.892 and the other three models +0.009 to +0.011, on Frappe every
 model within 0.0012 of before, seeds 0-2, 2026-11-27): measured on Frappe and Last.fm (about 260,000
 and 250,000 rows, seed 0, DLRM and DeepFM), both raised test AUC on both logs
@@ -56,12 +56,13 @@ and ``predict`` read them back, never choosing again) and printed.
 >>> chosen  # doctest: +NORMALIZE_WHITESPACE
 {'train.batch_size': 256, 'train.epochs': 2, 'train.dense_lr': 0.002, 'model.first_order': 'on',
  'model.first_order_lr_scale': 5.0, 'embedding.dim': 8, 'embedding.optimizer.kind': 'adam',
- 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
+ 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01, 'model.first_order_init': 'rates'}
 >>> size_defaults(load_config(None, []), given={"train.batch_size"}, train_rows=100_000)[1]
 {}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=60_000)[1]  # doctest: +NORMALIZE_WHITESPACE
 {'train.batch_size': 512, 'model.first_order': 'on', 'model.first_order_lr_scale': 5.0,
- 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01}
+ 'embedding.optimizer.kind': 'adam', 'embedding.optimizer.lr': 0.001, 'embedding.init_scale': 0.01,
+ 'model.first_order_init': 'rates'}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=100_000)[1]
 {'train.batch_size': 512}
 >>> size_defaults(load_config(None, []), given=set(), train_rows=5_000_000)[1]
@@ -70,8 +71,9 @@ and ``predict`` read them back, never choosing again) and printed.
 >>> size_defaults(load_config(None, ids), given=set(), train_rows=5_000_000)[1]  # DLRM's added biases: 5x
 {'model.first_order_lr_scale': 5.0}
 >>> log = load_config(None, ["data.negatives=2", 'data.user_column="C1"', 'data.item_column="C2"'])
->>> size_defaults(log, given=set(), train_rows=250_000)[1], size_defaults(log, given=set(), train_rows=2_048_000)[1]
-({'train.epochs': 2, 'embedding.optimizer.lr': 0.1, 'model.first_order_lr_scale': 5.0}, {})
+>>> size_defaults(log, given=set(), train_rows=250_000)[1], size_defaults(log, given=set(), train_rows=2_048_000)[1]  # doctest: +NORMALIZE_WHITESPACE
+({'train.epochs': 2, 'embedding.optimizer.lr': 0.1, 'model.first_order_lr_scale': 5.0, 'model.first_order_init': 'rates'},
+ {})
 """
 
 from __future__ import annotations
@@ -97,6 +99,12 @@ IMPLICIT_EPOCHS = 2
 IMPLICIT_LR = 0.1  # row-wise Adagrad (the default 0.05; 0.2 for one epoch measured between the two)
 # and the first-order tables at SMALL_FIRST_ORDER_LR_SCALE times it (Last.fm, seeds 0-2: DLRM 0.8782 at 1x, 0.8858 at 3x,
 # 0.8923 at 5x, 0.8955 at 10x; 5x kept, the value already used below SMALL_ROWS, not tuned further)
+# Below ADAM_ROWS and on those logs, the first-order weights start from the training split's counted rates
+# (tierec/train/first_order_rates.py): seeds 0-2, 2026-11-27, critcat DCN-v2 -0.0104 -> -0.0065 from logistic
+# regression, every model on ids2h above item popularity, the Amazon head 0.638-0.641 -> 0.643-0.644, Last.fm DLRM
+# +0.003; from 65,536 rows they lost: ids3h DLRM and DCN-v2 -0.003, the MovieLens part DeepFM, DCN-v2 and
+# Wide&Deep -0.001 to -0.002 (docs/models.md)
+RATES = {"model.first_order_init": "rates"}
 _SAMPLE_BYTES = 1 << 16
 
 
@@ -138,19 +146,19 @@ def _choices(rows: int, cfg: Config) -> dict[str, Any]:
         if not implicit:
             return _added_bias_rate(cfg)
         return {"train.epochs": IMPLICIT_EPOCHS, "embedding.optimizer.lr": IMPLICIT_LR,
-                "model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE}
+                "model.first_order_lr_scale": SMALL_FIRST_ORDER_LR_SCALE, **RATES}
     adam = {"embedding.optimizer.kind": OptimizerKind.ADAM.value, "embedding.optimizer.lr": 0.001, "embedding.init_scale": 0.01}
     if rows >= SMALL_ROWS:
         batch = max(_power_of_two_at_most(rows // STEPS_PER_EPOCH), MIN_BATCH)
         if rows >= ADAM_ROWS:
             return {"train.batch_size": batch, **_added_bias_rate(cfg)}
-        return {"train.batch_size": batch, **_biases(cfg), **adam}
+        return {"train.batch_size": batch, **_biases(cfg), **adam, **RATES}
     # batch 256 from 7,680 rows on (30 steps per epoch), down to 32
     small = max(min(_power_of_two_at_most(rows // 30), MIN_BATCH), 32)
     out: dict[str, Any] = {"train.batch_size": small, "train.epochs": 2, "train.dense_lr": SMALL_DENSE_LR, **_biases(cfg)}
     if not cfg.prune.enabled:  # a pruned run chooses its rows' dims itself (and its chunk must divide them)
         out["embedding.dim"] = SMALL_DIM
-    return {**out, **adam}
+    return {**out, **adam, **RATES}
 
 
 def _id_only(cfg: Config) -> bool:

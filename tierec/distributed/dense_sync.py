@@ -40,6 +40,7 @@ from tierec.distributed.codecs import Codec, DenseResiduals
 from tierec.distributed.cross import replica_sum_dense
 from tierec.distributed.exchange import Traffic
 from tierec.distributed.layout import Layout
+from tierec.distributed import wire
 
 
 def dense_ddp(model: nn.Module, group, device_ids: list[int] | None = None) -> DistributedDataParallel:
@@ -52,7 +53,6 @@ def dense_ddp(model: nn.Module, group, device_ids: list[int] | None = None) -> D
     known = inspect.signature(DistributedDataParallel.__init__).parameters
     off = {"forward_sync_buffers": False} if "forward_sync_buffers" in known else {"broadcast_buffers": False}
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group, **off)
-from tierec.distributed import wire
 
 
 @dataclass

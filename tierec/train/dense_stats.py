@@ -56,4 +56,5 @@ def fit_to_training_split(cfg: Config, parts: Any, source: Any, echo: Callable[[
             echo(f"dense column {source.dense_names[i]!r} is constant in the training split ({float(stats.mean[i]):g}): dropped")
     if rates is not None:
         for table, (ids, weights) in rates.weights(n_features=len(wide.feature_names)).items():
-            wide.set_weights(table, ids, weights)
+            if ids.size:
+                wide.set_weights(table, ids, weights)

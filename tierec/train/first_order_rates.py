@@ -2,7 +2,7 @@
 
 A per-id bias learned by gradient steps orders the ids less exactly in one
 epoch than their counted positive rates do (docs/models.md, "First-order
-weights start from counted rates"). So before the first step each first-order
+weights from counted rates"). So before the first step each first-order
 row starts at its id's log-odds over the base rate, the rate smoothed by
 ``PRIOR_ROWS`` rows at the base rate, divided by the number of first-order
 features (their weights are summed into the logit):

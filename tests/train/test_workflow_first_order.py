@@ -97,3 +97,29 @@ def test_first_order_weights_start_from_the_counted_rates(ids: list[str], storag
     parts = Components.build(zeros, source.feature_names, source.n_dense)
     fit_to_training_split(zeros, parts, open_source(zeros.data, "train", zeros.train.batch_size), print)
     assert parts.wide.num_rows() == 0  # nothing set: rows appear, at 0, when training meets them
+
+
+def test_counted_rates_merged_along_the_way_equal_those_merged_once(monkeypatch) -> None:
+    """IdRates merges its per-batch counts when they pass _COMPACT_AT entries (memory); the result is the same."""
+    import numpy as np
+    import torch
+
+    import tierec.train.first_order_rates as rates_module
+    from tierec.batch import SparseFeatures
+
+    rng = np.random.default_rng(0)
+    batches = [(SparseFeatures.one_hot(("a", "b"), torch.from_numpy(rng.integers(0, 50, (64, 2)))),
+                torch.from_numpy(rng.integers(0, 2, 64).astype(np.float32))) for _ in range(20)]
+
+    def weights() -> dict:
+        r = rates_module.IdRates({"t": ("a", "b"), "u": ("b",)})
+        for sparse, labels in batches:
+            r.add(sparse, labels)
+        return r.weights(n_features=3)
+
+    once = weights()
+    monkeypatch.setattr(rates_module, "_COMPACT_AT", 100)
+    along = weights()
+    for t in ("t", "u"):
+        np.testing.assert_array_equal(along[t][0], once[t][0])
+        np.testing.assert_allclose(along[t][1], once[t][1], rtol=1e-6)

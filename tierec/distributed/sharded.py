@@ -355,28 +355,24 @@ class ShardedEmbeddingCollection(nn.Module):
         for shard in self.shards:
             shard.hot.clear()  # loaded rows are all with their owners
 
-    def load_rows(self, table: str, records: dict[str, Tensor]) -> None:
-        """Load the rows of one chunk (saved on any number of ranks) that this rank owns."""
-        for shard in self.shards:
-            for ti, t in enumerate(shard.owner.tables):
-                if t.name != table:
-                    continue
-                ids = records["ids"].numpy().astype(np.int64, copy=False)
-                keep = shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32))
-                if keep.any():
-                    self.local.load_rows(table, _select_rows(records, keep))
-                return
-        raise KeyError(f"no table {table!r} in this model")
-
-    def set_weights(self, table: str, ids: np.ndarray, weights: np.ndarray) -> None:
-        """What ``EmbeddingCollection.set_weights`` does, for the rows among ``ids`` that this rank owns."""
+    def _owned(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """[n] bool: which of ``table``'s ``ids`` this rank owns."""
         for shard in self.shards:
             for ti, t in enumerate(shard.owner.tables):
                 if t.name == table:
-                    keep = shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32))
-                    self.local.set_weights(table, ids[keep], weights[keep])
-                    return
+                    return shard.owners.owns(ids, np.full(ids.shape[0], ti, dtype=np.int32))
         raise KeyError(f"no table {table!r} in this model")
+
+    def load_rows(self, table: str, records: dict[str, Tensor]) -> None:
+        """Load the rows of one chunk (saved on any number of ranks) that this rank owns."""
+        keep = self._owned(table, records["ids"].numpy().astype(np.int64, copy=False))
+        if keep.any():
+            self.local.load_rows(table, _select_rows(records, keep))
+
+    def set_weights(self, table: str, ids: np.ndarray, weights: np.ndarray) -> None:
+        """What ``EmbeddingCollection.set_weights`` does, for the rows among ``ids`` that this rank owns."""
+        keep = self._owned(table, ids)
+        self.local.set_weights(table, ids[keep], weights[keep])
 
     # ------------------------------------------------- changes (delta checkpoints): this rank's shard
 

@@ -34,7 +34,7 @@ from torch import Tensor
 from tierec.batch import SparseFeatures
 
 PRIOR_ROWS = 10.0  # rows at the base rate that every id's rate is smoothed with
-_COMPACT_AT = 1 << 22  # pending (id, count, positives) entries per table before they are merged
+_COMPACT_AT = 1 << 22  # (id, rows, positives) entries per table held before they are merged
 
 
 class IdRates:
@@ -44,40 +44,26 @@ class IdRates:
         self.features_by_table = features_by_table
         self.rows = 0
         self.positives = 0.0
-        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {t: [] for t in features_by_table}
-        self._pending = dict.fromkeys(features_by_table, 0)
+        empty = (np.empty(0, dtype=np.int64), np.empty(0), np.empty(0))
+        self._parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {t: [empty] for t in features_by_table}
 
     def add(self, sparse: SparseFeatures, labels: Tensor) -> None:
         y = labels.detach().to(torch.float64).cpu().numpy()
-        b = sparse.batch_size
-        self.rows += b
+        self.rows += sparse.batch_size
         self.positives += float(y.sum())
-        offsets = sparse.offsets.numpy()
-        values = sparse.values.numpy()
         for table, feats in self.features_by_table.items():
-            ids, lab = [], []
-            for f in feats:
-                fi = sparse.keys.index(f)
-                o = offsets[fi * b : (fi + 1) * b + 1]
-                ids.append(values[o[0] : o[-1]])
-                lab.append(np.repeat(y, np.diff(o)))  # every id of a sample's bag takes its label
-            self._append(table, *_counted(np.concatenate(ids), np.concatenate(lab)))
-
-    def _append(self, table: str, ids: np.ndarray, n: np.ndarray, pos: np.ndarray) -> None:
-        self._parts[table].append((ids, n, pos))
-        self._pending[table] += ids.shape[0]
-        if self._pending[table] >= _COMPACT_AT:
-            self._compact(table)
+            jagged = [sparse[f] for f in feats]
+            ids = np.concatenate([j.values.numpy() for j in jagged])
+            lab = np.concatenate([np.repeat(y, j.lengths.numpy()) for j in jagged])  # each id of a bag: its sample's label
+            parts = self._parts[table]
+            parts.append(_merged(ids, np.ones(ids.shape[0]), lab))
+            if sum(p[0].shape[0] for p in parts) >= _COMPACT_AT:
+                self._compact(table)
 
     def _compact(self, table: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = self._parts[table]
-        if len(parts) != 1:
-            ids = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dtype=np.int64)
-            uniq, inv = np.unique(ids, return_inverse=True)
-            n = np.bincount(inv, weights=np.concatenate([p[1] for p in parts]) if parts else None, minlength=uniq.shape[0])
-            pos = np.bincount(inv, weights=np.concatenate([p[2] for p in parts]) if parts else None, minlength=uniq.shape[0])
-            self._parts[table] = parts = [(uniq, n, pos)]
-        self._pending[table] = parts[0][0].shape[0]
+        if len(parts) > 1:
+            self._parts[table] = parts = [_merged(*(np.concatenate(col) for col in zip(*parts)))]
         return parts[0]
 
     def weights(self, n_features: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -96,6 +82,7 @@ class IdRates:
         return out
 
 
-def _counted(ids: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _merged(ids: np.ndarray, n: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unique ids, their summed ``n``, their summed ``pos``)."""
     uniq, inv = np.unique(ids, return_inverse=True)
-    return uniq, np.bincount(inv, minlength=uniq.shape[0]).astype(np.float64), np.bincount(inv, weights=labels, minlength=uniq.shape[0])
+    return uniq, np.bincount(inv, weights=n, minlength=uniq.shape[0]), np.bincount(inv, weights=pos, minlength=uniq.shape[0])

@@ -51,8 +51,8 @@ def test_dlrm_id_only_trains_on_every_storage(ids: list[str], storage: str, tmp_
 
 @pytest.mark.parametrize("storage", ["plain", "tiered"])
 def test_first_order_weights_start_from_the_counted_rates(ids: list[str], storage: str, tmp_path: Path) -> None:
-    """``model.first_order_init = "rates"``: each first-order row starts at its id's smoothed log-odds over the
-    base rate / F, counted here row by row in plain Python; "zeros" leaves them at 0."""
+    """``model.first_order_init = "rates"``: each first-order row starts at its id's log-odds over the base rate / F,
+    smoothed towards its frequency class's rate, counted here row by row in plain Python; "zeros" leaves them at 0."""
     import math
 
     from tierec.data import open_source
@@ -85,8 +85,17 @@ def test_first_order_weights_start_from_the_counted_rates(ids: list[str], storag
     for t in parts.wide.tables:
         got = dict(zip(sd[f"{t.name}.ids"].tolist(), sd[f"{t.name}.weights"][:, 0].tolist()))
         (feature,) = t.features
-        want = {v: (math.log((pos + PRIOR_ROWS * p) / (n - pos + PRIOR_ROWS * (1 - p))) - math.log(p / (1 - p))) / 2
-                for (key, v), (n, pos) in counts.items() if key == feature}
+        mine = {v: c for (key, v), c in counts.items() if key == feature}
+        by_class: dict[int, list[float]] = {}  # frequency class floor(log2 n): [rows, positives]
+        for n, pos in mine.values():
+            c = by_class.setdefault(int(math.log2(n)), [0.0, 0.0])
+            c[0], c[1] = c[0] + n, c[1] + pos
+        q = {k: (pos + PRIOR_ROWS * p) / (n + PRIOR_ROWS) for k, (n, pos) in by_class.items()}
+        want = {}
+        for v, (n, pos) in mine.items():
+            qv = q[int(math.log2(n))]
+            want[v] = (math.log((pos + PRIOR_ROWS * qv) / (n - pos + PRIOR_ROWS * (1 - qv))) - math.log(p / (1 - p))) / 2
+        assert len(q) >= 3  # ids in several frequency classes
         assert got.keys() == want.keys()
         for v, w in want.items():
             assert got[v] == pytest.approx(w, abs=1e-6)

@@ -139,7 +139,7 @@ class ModelConfig:
     # the base rate divided by the number of first-order features (a model starts where item popularity ends;
     # `tierec train` picks it below 65,536 training rows and for logs with sampled negatives of 204,800-2,047,999);
     # "zeros" = at 0. A resumed run takes them from its checkpoint.
-    first_order_init: str = "zeros"  # zeros | rates
+    first_order_init: str = "zeros"  # zeros | rates: each id's counted positive rate, smoothed towards its frequency class's
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench-deps bench clean
+.PHONY: demo test test-slow venv bench-deps bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,12 @@ demo: $(STAMP)
 	$(BIN)/tierec train --run-dir runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The longer end-to-end runs `make test` leaves out (tests marked slow: the synthetic default with DeepFM,
+# DCN-v2 and Wide&Deep, about 2.5 minutes on 2 cores).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 # Peer systems for benchmarks: fbgemm-gpu-cpu and torchrec's pure-Python deps
 # (the `bench` extra), then torchrec without its deps (otherwise pip pulls the

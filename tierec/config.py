@@ -135,11 +135,12 @@ class ModelConfig:
     # and dcnv2 get on id columns).
     first_order_lr_scale: float = 1.0
     # Where the first-order weights start: "rates" = each id's positive rate in the head of the training split
-    # (the rows data.dense_stats_rows reads), smoothed towards the base rate by 10 rows of it, as log-odds over
+    # (the rows data.dense_stats_rows reads), smoothed by 10 rows at the rate of the ids seen about as often (its
+    # frequency class, floor(log2 rows); tierec/train/first_order_rates.py), as log-odds over
     # the base rate divided by the number of first-order features (a model starts where item popularity ends;
     # `tierec train` picks it below 65,536 training rows and for logs with sampled negatives of 204,800-2,047,999);
     # "zeros" = at 0. A resumed run takes them from its checkpoint.
-    first_order_init: str = "zeros"  # zeros | rates: each id's counted positive rate, smoothed towards its frequency class's
+    first_order_init: str = "zeros"  # zeros | rates
 
     def __post_init__(self) -> None:
         names = {"dlrm", "deepfm", "dcnv2", "widedeep"}

@@ -41,11 +41,10 @@ def test_criteo_sample_defaults_near_logistic_regression(tmp_path: Path, model: 
 
 @pytest.mark.parametrize("model", ["dlrm", *(pytest.param(m, marks=pytest.mark.slow) for m in ("deepfm", "dcnv2", "widedeep"))])
 def test_synthetic_default_near_planted_auc(tmp_path: Path, model: str) -> None:
-    """The full synthetic default (1M training rows, one epoch): within 0.02 of the planted model's AUC. DCN-v2 on
-    half the rows: its full-rank cross layers made it 103 s of CI's 16-18 min on a 2-core AVX2 host without bf16
-    (2026-11-27; 500,000 rows there: 34-58 s, 0.016 below the planted AUC). `make test` runs the default model,
-    DLRM; the other three (2-2.5 min on that host, where CI came to 21 min with them) run with `make test-slow`,
-    and each of them is checked against logistic regression on the Criteo sample above on every `make test`."""
+    """The full synthetic default (1M training rows, one epoch): within 0.02 of the planted model's AUC; DCN-v2 on
+    500,000 rows (its full-rank cross layers in fp32: 34-58 s there on a 2-core AVX2 host, 0.016 below). `make test`
+    runs DLRM, the default model; the other three (marked slow: 2-2.5 min on that host) run with `make test-slow`,
+    and the Criteo-sample test above checks each of them on every `make test`."""
     rows = ["data.synthetic.train_rows=500000"] if model == "dcnv2" else []
     cfg = load_config(None, [f"model.name={model}", "train.progress=false", *rows])
     summary = Trainer(cfg, tmp_path).fit()

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from tierec.batch import SparseFeatures
 
-PRIOR_ROWS = 10.0  # rows at the base rate that every id's rate is smoothed with
+PRIOR_ROWS = 10.0  # rows of prior: at its class's rate for an id, at the base rate for a frequency class
 _COMPACT_AT = 1 << 22  # (id, rows, positives) entries per table held before they are merged
 
 

@@ -2,7 +2,7 @@
 
 For each file of :mod:`benchmarks.public_data` (``../shared/data``, skipped when absent) this does what a new
 user does: ``tierec inspect FILE --out SCHEMA.toml``, then ``tierec tune --config SCHEMA.toml --run-dir W/F
---trials 20`` (a subprocess, nothing else set but ``--model``: DLRM, the default model, unless told), and
+--trials 20`` (a subprocess, nothing else set but ``--model``; without it the study searches the model too), and
 records its wall time, the trials complete / pruned / failed, the best trial's parameters and the final test AUC
 that tune prints once (the best config trained on train + validation). Beside it, on the same split, the
 baselines of :func:`benchmarks.public_data.baselines` (one-hot logistic regression with C tuned over
@@ -47,11 +47,11 @@ def recorded_baselines(directory: Path | None, name: str, schema: Path) -> tuple
 
 
 def tune(schema: Path, run_dir: Path, trials: int, timeout: float, log: Path, seed: int = 0,
-         model: str = "dlrm") -> tuple[int, float, str]:
+         model: str = "") -> tuple[int, float, str]:
     """``tierec tune`` as a user runs it (a fresh process); exit status, wall seconds, its output."""
     cmd = [sys.executable, "-m", "tierec.cli", "tune", "--config", str(schema), "--run-dir", str(run_dir),
            "--trials", str(trials), "--no-progress"] + (["--timeout", f"{timeout:.0f}"] if timeout else []) + (
-           ["--set", f"tune.seed={seed}"] if seed else []) + (["--set", f"model.name={model}"] if model != "dlrm" else [])
+           ["--set", f"tune.seed={seed}"] if seed else []) + (["--set", f"model.name={model}"] if model else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     with log.open("w") as out:
@@ -94,11 +94,11 @@ def run_file(name: str, a: argparse.Namespace, timeout: float) -> dict | None:
     finished = s["complete"] + s["pruned"]
     gap = s["test_auc"] - base["logistic_regression_auc"]
     per_100k = wall * 100_000 / base["train_rows"]
-    r = {"file": name, "source": str(path.relative_to(SHARED.parent.parent)), "model": a.model,
+    r = {"file": name, "source": str(path.relative_to(SHARED.parent.parent)), "model": a.model or "searched",
          "command": f"tierec inspect {path.name} --out schema.toml; tierec tune --config schema.toml --run-dir W/{name} "
                     f"--trials {a.trials}" + (f" --timeout {timeout:.0f}" if timeout else "")
                     + (f" --set tune.seed={a.tune_seed}" if a.tune_seed else "")
-                    + (f" --set model.name={a.model}" if a.model != "dlrm" else ""), "tune_seed": a.tune_seed,
+                    + (f" --set model.name={a.model}" if a.model else ""), "tune_seed": a.tune_seed,
          "train_rows": base["train_rows"], "test_rows": base["test_rows"],
          "trials_asked": a.trials, "trials_finished": finished, "complete": s["complete"], "pruned": s["pruned"],
          "failed": s["failed"], "timed_out": s.get("timed_out", False), "timeout_s": round(timeout),
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", default=",".join(ORDER))
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--tune-seed", type=int, default=0, help="tune.seed (the sampler's; 0 is tune's default)")
-    p.add_argument("--model", default="dlrm", help="model.name of the tuned runs (default: dlrm, the default model)")
+    p.add_argument("--model", default="", help="model.name of the tuned runs (default: none set, tune searches the model)")
     p.add_argument("--baselines", type=Path, help="public_data's JSON directory (docs/bench/issue25_public) to read "
                                                   "the baselines from where the schema matches")
     p.add_argument("--deadline", help="HH:MM UTC today: each tune gets --timeout from the time left (see above)")

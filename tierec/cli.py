@@ -428,10 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
-        "tune", help="search learning rates, dim, dropout, weight decay, epochs and batch size with Optuna",
+        "tune", help="search the model, learning rates, dim, dropout, weight decay, epochs and batch size with Optuna",
         description="Tune a training config: Optuna trials of `tierec train` on the validation split (pruned early "
                     "on their validation AUC), then the best config trained on train + validation and tested once. "
-                    "Ranges by data size, narrowed by a [tune.space] table in a --config file; see docs/models.md, "
+                    "Ranges by data size, narrowed by a [tune.space] table in a --config file; the model is searched unless "
+                    "the config names one (model.name); see docs/models.md, "
                     "\"Tuning with tierec tune\". Needs the extra: pip install 'tierec[tune]'.",
     )
     _add_config_args(p)

@@ -114,6 +114,10 @@ class EmbeddingConfig:
 # ---------------------------------------------------------------------------- model
 
 
+MODEL_NAMES = ("dlrm", "deepfm", "dcnv2", "widedeep")  # model.name's values
+FIRST_ORDER_BY_DESIGN = ("deepfm", "widedeep")  # models whose first-order terms cannot be "off"
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     name: str = "dlrm"  # dlrm | deepfm | dcnv2 | widedeep
@@ -143,9 +147,8 @@ class ModelConfig:
     first_order_init: str = "zeros"  # zeros | rates
 
     def __post_init__(self) -> None:
-        names = {"dlrm", "deepfm", "dcnv2", "widedeep"}
-        if self.name not in names:
-            raise ConfigError(f"model.name {self.name!r} is not one of {sorted(names)}")
+        if self.name not in MODEL_NAMES:
+            raise ConfigError(f"model.name {self.name!r} is not one of {sorted(MODEL_NAMES)}")
         for key in ("bottom_mlp", "top_mlp", "deep_mlp"):
             sizes = getattr(self, key)
             if any(s <= 0 for s in sizes):
@@ -156,7 +159,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.first_order not in {"auto", "on", "off"}:
             raise ConfigError(f"model.first_order {self.first_order!r} is not one of auto, on, off")
-        if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
+        if self.first_order == "off" and self.name in FIRST_ORDER_BY_DESIGN:
             raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
         _positive_rate(self.first_order_lr_scale, "model.first_order_lr_scale")
         if self.first_order_init not in {"rates", "zeros"}:

@@ -12,7 +12,7 @@ import pytest
 
 from tierec.cli import main
 from tierec.config import ConfigError, load_config, merged_dict
-from tierec.tune.space import Choices, FloatRange, default_space, narrow, tune_config
+from tierec.tune.space import Choices, FloatRange, Names, default_space, narrow, tune_config
 from tierec.tune.study import TuneJob, Tuner, final_config, final_steps, trial_config, validation_config
 
 TINY = ["data.synthetic.train_rows=3000", "data.synthetic.test_rows=1000", "data.synthetic.cardinality_scale=0.001",
@@ -26,7 +26,7 @@ def _sets(items: list[str]) -> list[str]:
 
 def _trial_count(run: Path) -> int:
     with sqlite3.connect(run / "study.db") as db:
-        return db.execute("select count(*) from trials").fetchone()[0]
+        return db.execute("select count(*) from trials where state in ('COMPLETE', 'PRUNED')").fetchone()[0]
 
 
 def test_a_study_writes_the_best_config_the_final_run_and_resumes(tmp_path: Path, capsys) -> None:
@@ -38,7 +38,7 @@ def test_a_study_writes_the_best_config_the_final_run_and_resumes(tmp_path: Path
     summary = json.loads((run / "tune_summary.json").read_text())
     assert summary["trials"] == 3 and 0.5 < summary["test_auc"] <= 1.0
     assert set(summary["best_params"]) == {"embedding_lr", "dense_lr", "dim", "dropout", "weight_decay", "epochs", "batch_size",
-                                           "first_order_lr_scale"}
+                                           "first_order_lr_scale", "model"}
     best = tomllib.loads((run / "best.toml").read_text())
     assert best["embedding"]["dim"] == summary["best_params"]["dim"]
     assert best["data"]["synthetic"]["validation_rows"] == 0  # trained on train + validation
@@ -127,15 +127,45 @@ def test_trial_zero_is_the_size_chosen_config(tmp_path: Path) -> None:
     tune = tune_config(data)
     cfg = load_config(None, [o for o in TINY if not o.startswith("tune.")])
     lines: list[str] = []
-    tuner = Tuner(TuneJob(cfg, tune, tmp_path / "tune", trials=2, echo=lines.append))
+    tuner = Tuner(TuneJob(cfg, tune, tmp_path / "tune", trials=5, echo=lines.append))
     tuner.run()
     study = optuna.load_study(study_name="tierec", storage=f"sqlite:///{tmp_path / 'tune' / 'study.db'}")
-    first, second = study.trials[0], study.trials[1]
+    first, second = study.trials[0], study.trials[4]
     lr, dense_lr = cfg.embedding.optimizer.lr, cfg.train.dense_lr
     # dim 4 or 8 searched (the config's 16 is outside: the nearest, 8); dropout 0 is outside [0.1, 0.3]: 0.1;
     # weight decay 0 is below the log range: its low end; epochs and batch size are fixed by TINY
     assert first.params == {"embedding_lr": lr, "dense_lr": dense_lr, "dim": 8, "dropout": 0.1, "weight_decay": 1e-8,
-                            "first_order_lr_scale": cfg.model.first_order_lr_scale}
-    assert first.user_attrs["defaults"] and "defaults" not in second.user_attrs
-    assert "(the defaults)" in lines[0] and "(the defaults)" not in lines[1]
+                            "first_order_lr_scale": cfg.model.first_order_lr_scale, "model": "dlrm"}
+    # then the same point with each other model (the model is searched: TINY names none), then the sampler's
+    assert [t.params for t in study.trials[1:4]] == [{**first.params, "model": m} for m in ("deepfm", "dcnv2", "widedeep")]
+    assert all(t.user_attrs["defaults"] for t in study.trials[:4]) and "defaults" not in second.user_attrs
+    assert all("(the defaults)" in line for line in lines[:4]) and "(the defaults)" not in lines[4]
     assert second.params != first.params  # the sampler's own point after it
+
+
+def test_the_model_is_searched_unless_the_config_names_one(tmp_path: Path) -> None:
+    cfg = load_config(None, [])
+    assert default_space(cfg, 100_000).model == Names(("dlrm", "deepfm", "dcnv2", "widedeep"))  # the config's first
+    assert tune_config(merged_dict(None, ["train.epochs=2"])).space == {}
+    named = tune_config(merged_dict(None, ["model.name=dcnv2"]))
+    assert narrow(default_space(cfg, None), named.space).model == Names(("dcnv2",))
+    given = tune_config(merged_dict(None, ["model.name=dcnv2", 'tune.space.model=["dlrm", "deepfm"]']))
+    assert given.space == {"model": ["dlrm", "deepfm"]}  # [tune.space] wins over the named model
+    off = load_config(None, ["model.first_order=off"])  # DeepFM and Wide&Deep cannot run without first-order terms
+    assert default_space(off, None).model == Names(("dlrm", "dcnv2"))
+    with pytest.raises(ConfigError, match="model choices must be some of"):
+        narrow(default_space(cfg, None), {"model": ["dlrm", "xgboost"]})
+
+    # each trial trains the model it drew; the best config and the final run are the best trial's model
+    run = tmp_path / "tune"
+    models = 'tune.space.model=["deepfm", "widedeep"]'
+    assert main(["tune", "--run-dir", str(run), "--trials", "3", "--no-progress", *_sets(TINY + [models])]) == 0
+    summary = json.loads((run / "tune_summary.json").read_text())
+    drawn = [tomllib.loads((run / "trials" / f"{n:04d}" / "config.toml").read_text())["model"]["name"] for n in range(3)]
+    assert drawn[0] == "deepfm" and set(drawn) <= {"deepfm", "widedeep"}  # trial 0: the config's dlrm is outside: the first
+    assert tomllib.loads((run / "best.toml").read_text())["model"]["name"] == summary["best_params"]["model"]
+    assert tomllib.loads((run / "final" / "config.toml").read_text())["model"]["name"] == summary["best_params"]["model"]
+    assert tomllib.loads((run / "tune.toml").read_text())["tune"]["space"]["model"] == ["deepfm", "widedeep"]
+    assert main(["tune", "--run-dir", str(run), "--trials", "4", "--resume", "--no-progress"]) == 0  # keeps its space
+    fourth = tomllib.loads((run / "trials" / "0003" / "config.toml").read_text())
+    assert fourth["model"]["name"] in ("deepfm", "widedeep")

@@ -13,7 +13,8 @@ Run directory (claimed like a training run's; every file written through RunFile
 - ``tune_summary.json``: the trials, the best one's parameters and validation AUC, and the final test AUC.
 
 Trial 0 of a new study is the config ``tierec train`` would run (the size-chosen defaults, moved inside a
-narrowed space where they lie outside it). Each trial trains ``evals_per_epoch`` validations per epoch and reports each AUC to the pruner (a
+narrowed space where they lie outside it); when the model is searched, the next trials are that config with each
+other model. Each trial trains ``evals_per_epoch`` validations per epoch and reports each AUC to the pruner (a
 MedianPruner by default); a pruned trial stops at that evaluation. Its value is its best validation AUC.
 """
 
@@ -195,15 +196,20 @@ class Tuner:
         # sharing a study draw unseeded, so that no two repeat each other's points.
         seed = tune.seed + len(study.get_trials(deepcopy=False)) if local else None
         study.sampler = optuna.samplers.TPESampler(seed=seed)
-        if not study.get_trials(deepcopy=False):  # a new study: the size-chosen config is its first trial
-            study.enqueue_trial(self.defaults(), user_attrs={"defaults": True}, skip_if_exists=True)
+        if not study.get_trials(deepcopy=False):  # a new study: the size-chosen config, with each model, first
+            for point in self.defaults():
+                study.enqueue_trial(point, user_attrs={"defaults": True}, skip_if_exists=True)
         return study
 
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> list[dict[str, Any]]:
         """The base config's point in the searched dimensions (nearest inside the space where it lies outside):
-        trial 0, so that the study's best is never a config worse than the defaults on the validation split."""
+        trial 0, so that the study's best is never a config worse than the defaults on the validation split; then,
+        when the model is searched, the same point with each other model (each model starts from its defaults,
+        not from what the sampler's first random draws give it)."""
         flat = flatten_dict(to_dict(self.base))
-        return self.space.nearest({name: flat[key] for name, key in KEYS.items()})
+        point = self.space.nearest({name: flat[key] for name, key in KEYS.items()})
+        others = self.space.model.values if "model" in point else ()
+        return [point] + [{**point, "model": m} for m in others if m != point["model"]]
 
     def _finished(self, study: Any) -> int:
         states = (self.optuna.trial.TrialState.COMPLETE, self.optuna.trial.TrialState.PRUNED)
@@ -267,7 +273,8 @@ class Tuner:
     def _finish(self, study: Any) -> dict[str, Any]:
         from tierec.tune.plot import trials_png
 
-        trials = study.get_trials(deepcopy=False)
+        states = self.optuna.trial.TrialState
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state != states.WAITING]  # not enqueued ones left over
         self.files.write("trials.png", trials_png(trials))
         best = _best(study)
         if best is None:
@@ -292,7 +299,6 @@ class Tuner:
                 final = trainer.fit()
             finally:
                 trainer.close()
-        states = self.optuna.trial.TrialState
         summary = {
             "trials": len(trials),
             "complete": sum(t.state == states.COMPLETE for t in trials),

@@ -246,7 +246,7 @@ class TuneConfig:
     startup_trials: int = 3  # trials run whole before any is pruned (MedianPruner's n_startup_trials)
     # evaluations a trial runs before one may prune it (0: from its first on; 1, at 2 per epoch: not before its
     # first epoch ends: mid-epoch AUCs favour fast learning rates over what ends best; the MovieLens part, tune.seed
-    # 0-2, model searched: test AUC -0.0008 to +0.0011 to LR at 0, +0.0011 to +0.0051 at 1)
+    # 0-2, model searched: test AUC -0.0012 to +0.0011 to LR at 0, +0.0011 to +0.0051 at 1)
     warmup_evals: int = 1
     seed: int = 0  # the sampler's seed (TPE)
     space: dict[str, Any] = field(default_factory=dict)  # narrowing of the default ranges (see the module's doc)

@@ -12,7 +12,7 @@ import pytest
 
 from tierec.cli import main
 from tierec.config import ConfigError, load_config, merged_dict
-from tierec.tune.space import Choices, FloatRange, Names, default_space, narrow, tune_config
+from tierec.tune.space import Choices, FloatRange, default_space, narrow, tune_config
 from tierec.tune.study import TuneJob, Tuner, final_config, final_steps, trial_config, validation_config
 
 TINY = ["data.synthetic.train_rows=3000", "data.synthetic.test_rows=1000", "data.synthetic.cardinality_scale=0.001",
@@ -145,14 +145,14 @@ def test_trial_zero_is_the_size_chosen_config(tmp_path: Path) -> None:
 
 def test_the_model_is_searched_unless_the_config_names_one(tmp_path: Path) -> None:
     cfg = load_config(None, [])
-    assert default_space(cfg, 100_000).model == Names(("dlrm", "deepfm", "dcnv2", "widedeep"))  # the config's first
+    assert default_space(cfg, 100_000).model == Choices(("dlrm", "deepfm", "dcnv2", "widedeep"), names=True)  # the config's first
     assert tune_config(merged_dict(None, ["train.epochs=2"])).space == {}
     named = tune_config(merged_dict(None, ["model.name=dcnv2"]))
-    assert narrow(default_space(cfg, None), named.space).model == Names(("dcnv2",))
+    assert narrow(default_space(cfg, None), named.space).model == Choices(("dcnv2",), names=True)
     given = tune_config(merged_dict(None, ["model.name=dcnv2", 'tune.space.model=["dlrm", "deepfm"]']))
     assert given.space == {"model": ["dlrm", "deepfm"]}  # [tune.space] wins over the named model
     off = load_config(None, ["model.first_order=off"])  # DeepFM and Wide&Deep cannot run without first-order terms
-    assert default_space(off, None).model == Names(("dlrm", "dcnv2"))
+    assert default_space(off, None).model == Choices(("dlrm", "dcnv2"), names=True)
     with pytest.raises(ConfigError, match="model choices must be some of"):
         narrow(default_space(cfg, None), {"model": ["dlrm", "xgboost"]})
 

@@ -33,7 +33,7 @@ The other size-chosen values are the base config's for every model (``first_orde
 >>> narrowed.dim.values, narrowed.dropout, narrowed.embedding_lr
 ((8, 16), FloatRange(low=0.1, high=0.1, log=False), FloatRange(low=0.001, high=0.01, log=True))
 >>> space.model, narrow(space, {"model": "deepfm"}).model.fixed
-(Names(values=('dlrm', 'deepfm', 'dcnv2', 'widedeep')), True)
+(Choices(values=('dlrm', 'deepfm', 'dcnv2', 'widedeep')), True)
 >>> narrow(space, {"depth": 3})
 Traceback (most recent call last):
 ...
@@ -149,13 +149,18 @@ class IntRange:
 
 @dataclass(frozen=True)
 class Choices:
-    values: tuple[int, ...]
+    """A categorical dimension: positive integers (``dim``, ``batch_size``) or, with ``names``, model names."""
+
+    values: tuple[Any, ...]
+    names: bool = field(default=False, repr=False)  # model.name's values (``model``), not positive integers
 
     def __post_init__(self) -> None:
-        if not self.values or any(int(v) != v or v < 1 for v in self.values):
+        if self.names and (not self.values or any(v not in MODEL_NAMES for v in self.values)):
+            raise ConfigError(f"model choices must be some of {list(MODEL_NAMES)}, got {list(self.values)}")
+        if not self.names and (not self.values or any(not _is_number(v) or int(v) != v or v < 1 for v in self.values)):
             raise ConfigError(f"choices must be positive integers, got {list(self.values)}")
 
-    def suggest(self, trial: Suggester, name: str) -> int:
+    def suggest(self, trial: Suggester, name: str) -> Any:
         return self.values[0] if len(self.values) == 1 else trial.suggest_categorical(name, list(self.values))
 
     def given(self) -> Any:
@@ -165,45 +170,17 @@ class Choices:
     def fixed(self) -> bool:
         return len(self.values) == 1
 
-    def nearest(self, value: int) -> int:
+    def nearest(self, value: Any) -> Any:
+        if self.names:
+            return value if value in self.values else self.values[0]
         return min(self.values, key=lambda v: (abs(v - value), v))
 
     def narrowed(self, value: Any, where: str) -> Choices:
-        values = [value] if _is_number(value) else value
-        if not isinstance(values, list) or not all(_is_number(v) for v in values):
-            raise ConfigError(f"{where} must be a number or a list of numbers, got {value!r}")
-        return Choices(tuple(dict.fromkeys(int(v) for v in values)))
-
-
-@dataclass(frozen=True)
-class Names:
-    """A choice among model names (``model.name``'s values)."""
-
-    values: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        unknown = [v for v in self.values if v not in MODEL_NAMES]
-        if not self.values or unknown:
-            raise ConfigError(f"model choices must be some of {list(MODEL_NAMES)}, got {list(self.values)}")
-
-    def suggest(self, trial: Suggester, name: str) -> str:
-        return self.values[0] if len(self.values) == 1 else trial.suggest_categorical(name, list(self.values))
-
-    def given(self) -> Any:
-        return list(self.values)
-
-    @property
-    def fixed(self) -> bool:
-        return len(self.values) == 1
-
-    def nearest(self, value: str) -> str:
-        return value if value in self.values else self.values[0]
-
-    def narrowed(self, value: Any, where: str) -> Names:
-        values = [value] if isinstance(value, str) else value
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ConfigError(f"{where} must be a model name or a list of them, got {value!r}")
-        return Names(tuple(dict.fromkeys(values)))
+        kind, what = (str, "a model name") if self.names else ((int, float), "a number")
+        values = [value] if isinstance(value, kind) and not isinstance(value, bool) else value
+        if not isinstance(values, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{where} must be {what} or a list of them, got {value!r}")
+        return Choices(tuple(dict.fromkeys(v if self.names else int(v) for v in values)), self.names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +195,7 @@ class SearchSpace:
     epochs: IntRange
     batch_size: Choices
     first_order_lr_scale: FloatRange
-    model: Names
+    model: Choices
 
     def sample(self, trial: Suggester) -> dict[str, Any]:
         """One point: {dimension name: value} (a fixed dimension is not asked of the trial)."""
@@ -301,7 +278,7 @@ def default_space(cfg: Config, train_rows: int | None) -> SearchSpace:
         epochs=IntRange(1, epochs),
         batch_size=Choices(tuple(dict.fromkeys(max(b, 32) for b in (batch // 2, batch, batch * 2)))),
         first_order_lr_scale=FloatRange(FIRST_ORDER_SCALES[0], FIRST_ORDER_SCALES[1], log=True),
-        model=Names(models),
+        model=Choices(models, names=True),
     )
 
 

@@ -155,6 +155,8 @@ def test_the_model_is_searched_unless_the_config_names_one(tmp_path: Path) -> No
     assert default_space(off, None).model == Choices(("dlrm", "dcnv2"), names=True)
     with pytest.raises(ConfigError, match="model choices must be some of"):
         narrow(default_space(cfg, None), {"model": ["dlrm", "xgboost"]})
+    with pytest.raises(ConfigError, match="tune.space.dim must be a number"):
+        narrow(default_space(cfg, None), {"dim": "deepfm"})
 
     # each trial trains the model it drew; the best config and the final run are the best trial's model
     run = tmp_path / "tune"

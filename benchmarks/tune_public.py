@@ -14,8 +14,8 @@ tune a ``--timeout``: the time left to the deadline, shared among the files stil
 the final run; a file that has not finished 20 trials by then records how many did (and the seconds per trial).
 
     python -m benchmarks.tune_public --work /tmp/tune25 --baselines docs/bench/issue25_public \\
-        --json-dir docs/bench/issue25_tune --host "Intel Xeon 2 cores KVM" --date 2026-11-27 --deadline 03:50
-    python -m benchmarks.tune_public --table docs/bench/issue25_tune/*.json
+        --json-dir docs/bench/issue25_tune_models/seed0 --host "AMD EPYC 2 cores KVM" --date 2026-12-06
+    python -m benchmarks.tune_public --table docs/bench/issue25_tune_models/seed0/*.json
 """
 
 from __future__ import annotations
@@ -129,13 +129,14 @@ def timeout_for(deadline: dt.datetime | None, files_left: int, reserve: float) -
 
 
 def markdown(paths: list[Path]) -> str:
-    out = ["| file (train / test rows) | DLRM tuned, test AUC (to LR) | LR | item popularity | trials: complete / pruned "
+    out = ["| file (train / test rows) | tuned, test AUC (to LR; model) | LR | item popularity | trials: complete / pruned "
            "(of 20) | tune wall time (per trial) | bound (10 min per 100k rows) |", "|---|---|---|---|---|---|---|"]
     for p in paths:
         r = json.loads(p.read_text())["result"]
         b = r["baselines"]
         late = " (timed out)" if r["timed_out"] else ""
-        out.append(f"| {r['file']} ({r['train_rows']:,} / {r['test_rows']:,}) | {r['test_auc']:.4f} ({r['gap_to_lr']:+.4f}) "
+        model = r["best_params"].get("model", r["model"])
+        out.append(f"| {r['file']} ({r['train_rows']:,} / {r['test_rows']:,}) | {r['test_auc']:.4f} ({r['gap_to_lr']:+.4f}; {model}) "
                    f"| {b['logistic_regression_auc']:.4f} | {b['item_popularity_auc']:.4f} | {r['complete']} / {r['pruned']}{late} "
                    f"| {r['tune_wall_s']:.0f} s ({r['seconds_per_trial']:.1f} s) | {budget_s(r['train_rows']):.0f} s |")
     return "\n".join(out)
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-dir", type=Path, help="write NAME.json here after each file")
     p.add_argument("--host", default="")
     p.add_argument("--date", default="")
+    p.add_argument("--note", default="", help="what else ran beside it, recorded with the wall times")
     a = p.parse_args(argv)
     if a.table:
         print(markdown(a.table))
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if r and a.json_dir:
             a.json_dir.mkdir(parents=True, exist_ok=True)
             doc = {"host": a.host, "date": a.date, "command": command,
-                   "note": "wall times measured while other work shared the 2 cores: upper bounds", "result": r}
+                   "note": a.note, "result": r}
             (a.json_dir / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.tiers_sim import belady, lru, next_uses
+from benchmarks.tiers_sim import belady, lru, next_uses, windowed
 from tierec.batch import with_next
 
 WHICH = ("hitrate", "disk", "oracle", "memory", "all")
@@ -62,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE",
                    help="disk: another store.* setting of the tiered modes (repeatable), e.g. store.promote_max=20000")
     p.add_argument("--oracle-steps", type=int, default=400, help="oracle: batches in the trace (the first --warmup not counted)")
+    p.add_argument("--oracle-windows", default="4,16,64", help="oracle: also simulate eviction that knows the ids of "
+                                                               "the next K batches, for each K of this list")
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -351,7 +353,8 @@ def run_oracle(a: argparse.Namespace) -> dict:
     ids = ids.astype(np.int64)
     ptr = np.concatenate([[0], np.cumsum([x.size for x in keyed])]).astype(np.int64)
     timed = int(ptr[-1] - ptr[a.warmup])
-    hits = belady(ptr, ids, next_uses(ptr, ids, uniq.size), rows, uniq.size, a.warmup, prefilled=True)
+    nxt = next_uses(ptr, ids, uniq.size)
+    hits = belady(ptr, ids, nxt, rows, uniq.size, a.warmup, prefilled=True)
     best = (timed - hits) / steps
     # what the history alone allows: the rows used most in the warm-up kept in memory for good, the rest read
     # from disk at each use (no cache of them at all)
@@ -359,9 +362,12 @@ def run_oracle(a: argparse.Namespace) -> dict:
     kept = np.zeros(uniq.size, dtype=bool)
     kept[np.argsort(-seen, kind="stable")[:rows]] = True
     static = float(np.count_nonzero(~kept[ids[ptr[a.warmup] :]])) / steps
+    # what knowing the next K batches' ids allows (eviction by next use inside them, by access count outside)
+    windows = {int(k): (timed - windowed(ptr, ids, nxt, rows, uniq.size, int(k), a.warmup, prefilled=True)) / steps
+               for k in a.oracle_windows.split(",") if k}
     return {"steps": steps, "warmup": a.warmup, "rows_in_memory": rows, "cold_precision": a.cold_precision,
             "tierec_disk_rows_per_step": ours, "belady_disk_rows_per_step": best, "over_belady": ours / max(best, 1e-9),
-            "static_by_warmup_counts_disk_rows_per_step": static}
+            "static_by_warmup_counts_disk_rows_per_step": static, "window_disk_rows_per_step": windows}
 
 
 def run_memory(a: argparse.Namespace) -> dict:
@@ -402,7 +408,10 @@ def _print(res: dict) -> None:
         o = res["oracle"]
         print(f"\n### Disk rows per step against the offline optimum ({o['steps']} steps after {o['warmup']}, "
               f"{o['rows_in_memory']:,} rows in memory, {o['cold_precision']} cold rows)\n")
-        print(f"tierec {o['tierec_disk_rows_per_step']:,.0f}, Belady {o['belady_disk_rows_per_step']:,.0f}: {o['over_belady']:.2f}x")
+        best = o["belady_disk_rows_per_step"]
+        print(f"tierec {o['tierec_disk_rows_per_step']:,.0f}, Belady {best:,.0f}: {o['over_belady']:.2f}x")
+        for k, r in o.get("window_disk_rows_per_step", {}).items():
+            print(f"eviction knowing the next {k} batches' ids (simulated): {r:,.0f}, {r / max(best, 1e-9):.2f}x Belady")
     if "memory" in res:
         m = res["memory"]
         print(f"\n### Resident memory: {json.dumps(m)}")

@@ -145,3 +145,54 @@ def lru(ptr: np.ndarray, ids: np.ndarray, capacity: int, n_ids: int) -> int:
     """Hits of least-recently-used eviction (key: minus the position of the last access)."""
     order = -np.arange(ids.shape[0], dtype=np.int64)
     return int(_simulate(ptr.astype(np.int64), ids.astype(np.int64), order, capacity, n_ids))
+
+
+def windowed(ptr: np.ndarray, ids: np.ndarray, nxt: np.ndarray, capacity: int, n_ids: int, window: int,
+             from_batch: int = 0, prefilled: bool = False) -> int:
+    """Hits of a cache that knows the ids of the next ``window`` batches: on a miss it evicts first the rows not
+    used inside that window, fewest accesses so far first, then the rows used inside it, farthest next use first
+    (``window`` 0: access counts only; as long as the trace: Belady's rule); ties go to the lower id. Misses of a
+    batch are placed together.
+
+    Two rows fit; at batch 3 row 0 has more accesses than row 1, but row 1 comes back at batch 4:
+
+    >>> ptr = np.arange(7); ids = np.array([0, 0, 1, 2, 1, 1])
+    >>> nxt = next_uses(ptr, ids, 3)
+    >>> [windowed(ptr, ids, nxt, 2, 3, k) for k in (0, 1, 6)], belady(ptr, ids, nxt, 2, 3)
+    ([2, 3, 3], 3)
+    """
+    nextuse = np.full(n_ids, NEVER, dtype=np.int64)  # before batch b: the next batch that uses each id
+    for b in range(ptr.shape[0] - 2, -1, -1):
+        nextuse[ids[ptr[b]:ptr[b + 1]]] = b
+    count = np.zeros(n_ids, dtype=np.int64)
+    resident = np.zeros(n_ids, dtype=bool)
+    in_batch = np.zeros(n_ids, dtype=bool)
+    size = hits = 0
+    for b in range(ptr.shape[0] - 1):
+        batch = ids[ptr[b]:ptr[b + 1]]
+        miss = batch[~resident[batch]]
+        hits += (batch.size - miss.size) * (b >= from_batch)
+        if prefilled and size < capacity:  # the first rows needed were there from the start
+            taken = miss[: capacity - size]
+            resident[taken] = True
+            size += taken.size
+            hits += taken.size * (b >= from_batch)
+            miss = miss[taken.size:]
+        room = capacity - size
+        if miss.size > room:
+            in_batch[batch] = True
+            cand = np.flatnonzero(resident & ~in_batch)
+            in_batch[batch] = False
+            soon = nextuse[cand]
+            outside = soon > b + window
+            # one key: outside the window by count (low first), inside it by next use (far first); ties by id
+            key = np.where(outside, count[cand], count.max() + 1 + (b + window - np.minimum(soon, b + window)))
+            key = key * n_ids + cand
+            victims = cand[np.argpartition(key, miss.size - room - 1)[: miss.size - room]]
+            resident[victims] = False
+            size -= victims.size
+        resident[miss] = True
+        size += miss.size
+        count[batch] += 1
+        nextuse[batch] = nxt[ptr[b]:ptr[b + 1]]
+    return int(hits)

@@ -115,7 +115,6 @@ class EmbeddingConfig:
 
 
 MODEL_NAMES = ("dlrm", "deepfm", "dcnv2", "widedeep")  # model.name's values
-FIRST_ORDER_BY_DESIGN = ("deepfm", "widedeep")  # models whose first-order terms cannot be "off"
 
 
 @dataclass(kw_only=True)
@@ -159,7 +158,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.first_order not in {"auto", "on", "off"}:
             raise ConfigError(f"model.first_order {self.first_order!r} is not one of auto, on, off")
-        if self.first_order == "off" and self.name in FIRST_ORDER_BY_DESIGN:
+        if self.first_order == "off" and self.name in {"deepfm", "widedeep"}:
             raise ConfigError(f"model.first_order = \"off\" does not apply to {self.name}: its first-order terms are part of it")
         _positive_rate(self.first_order_lr_scale, "model.first_order_lr_scale")
         if self.first_order_init not in {"rates", "zeros"}:

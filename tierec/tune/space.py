@@ -46,7 +46,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tierec.config import FIRST_ORDER_BY_DESIGN, MODEL_NAMES, Config, ConfigError, from_dict
+from tierec.config import MODEL_NAMES, Config, ConfigError, from_dict
+from tierec.models import model_class
 
 SMALL_ROWS = 20_000  # as tierec.train.sizing: below, a smaller model trained for more epochs
 LARGE_ROWS = 204_800
@@ -176,9 +177,9 @@ class Choices:
         return min(self.values, key=lambda v: (abs(v - value), v))
 
     def narrowed(self, value: Any, where: str) -> Choices:
-        kind, what = (str, "a model name") if self.names else ((int, float), "a number")
-        values = [value] if isinstance(value, kind) and not isinstance(value, bool) else value
-        if not isinstance(values, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+        one, what = ((lambda v: isinstance(v, str)), "a model name") if self.names else (_is_number, "a number")
+        values = [value] if one(value) else value
+        if not isinstance(values, list) or not all(one(v) for v in values):
             raise ConfigError(f"{where} must be {what} or a list of them, got {value!r}")
         return Choices(tuple(dict.fromkeys(v if self.names else int(v) for v in values)), self.names)
 
@@ -267,7 +268,7 @@ def default_space(cfg: Config, train_rows: int | None) -> SearchSpace:
         dims = tuple(d for d in dims if d % cfg.prune.chunk == 0) or (cfg.embedding.dim,)
     # the base config's model first (trial 0, the defaults); not those that need first-order terms when it has them off
     models = (cfg.model.name, *(m for m in MODEL_NAMES if m != cfg.model.name
-                                and not (cfg.model.first_order == "off" and m in FIRST_ORDER_BY_DESIGN)))
+                                and not (cfg.model.first_order == "off" and model_class(m).first_order_by_design)))
     lr, dense_lr, batch = cfg.embedding.optimizer.lr, cfg.train.dense_lr, cfg.train.batch_size
     return SearchSpace(
         embedding_lr=FloatRange(lr / LR_FACTOR, lr * LR_FACTOR, log=True),

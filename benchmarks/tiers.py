@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle-steps", type=int, default=400, help="oracle: batches in the trace (the first --warmup not counted)")
     p.add_argument("--oracle-windows", default="4,16,64", help="oracle: also simulate eviction that knows the ids of "
                                                                "the next K batches, for each K of this list")
+    p.add_argument("--horizon", type=int, default=0, help="oracle: store.horizon of tierec's lookups (batches whose ids rank eviction)")
     p.add_argument("--threads", type=int, default=0, help="torch and numba threads (0 = all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="write the results as JSON here")
@@ -157,6 +159,13 @@ def _full_tables(w, dim: int, seed: int) -> dict[str, torch.Tensor]:
     return sd
 
 
+def _horizon(mode: str) -> int:
+    """store.horizon of a mode: "disk+prefetch4+horizon64" -> 64, none -> 0."""
+    if "+horizon" not in mode:
+        return 0
+    return int(mode.split("+horizon")[1].split("+")[0])
+
+
 def _depth(mode: str) -> int:
     """Batches per read-ahead window of a mode: "disk+prefetch4+ahead" -> 4, "disk+prefetch" -> 1."""
     if "+prefetch" not in mode:
@@ -168,7 +177,7 @@ def _depth(mode: str) -> int:
 class Runner:
     """One training setup (all in memory, or tiered with the disk tier) stepping through the batches."""
 
-    def __init__(self, a: argparse.Namespace, mode: str, w, disk_dir: str) -> None:
+    def __init__(self, a: argparse.Namespace, mode: str, w, disk_dir: str, batches: list | None = None) -> None:
         from tierec.config import load_config
         from tierec.distributed.job import Job
         from tierec.store.monitor import StoreMonitor
@@ -192,6 +201,7 @@ class Runner:
                 f"store.prefetch={str('+prefetch' in mode).lower()}",  # the windows' memory comes out of the budget
                 f"store.prefetch_depth={_depth(mode)}",
                 f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
+                f"store.horizon={_horizon(mode)}",  # the ids of this many batches ahead rank eviction
                 *a.store_set,
             ]
         cfg = load_config(None, over)
@@ -203,7 +213,12 @@ class Runner:
                 g.disk.drop_page_cache(sync=True)  # the table file starts outside the page cache
         # "disk+prefetch" reads windows of one batch ahead, "disk+prefetch4" of four, ...; "+ahead" looks each
         # next batch up during the step (the trainer's TrainPipeline.step, as in tierec train)
-        self.pipe = StorePipeline([self.parts.embeddings], depth=_depth(mode)) if "+prefetch" in mode else None
+        # "+horizonN": the pipeline also shows the stores the ids of the next N batches
+        depth, horizon = (_depth(mode) if "+prefetch" in mode else 0), _horizon(mode)
+        self.pipe = StorePipeline([self.parts.embeddings], depth=depth, horizon=horizon) if depth or horizon else None
+        # one stream over all the batches, taken a chunk at a time: the pipeline looks ahead across chunks
+        self._stream = None if batches is None else (self.pipe.run(iter(batches)) if self.pipe else iter(batches))
+        self.steps = None if batches is None else with_next(self._stream)
         self.train = TrainPipeline(self.parts, Job(cfg), cfg, store=self.monitor)
         self.times: list[float] = []
         self.marks: list[tuple] = []
@@ -222,19 +237,23 @@ class Runner:
         return tot, wait, time.perf_counter()
 
     def run(self, batches, timed: bool) -> None:
-        """Train on ``batches``; when ``timed``, record the wall time of every step (pipeline waits included)."""
+        """Train on ``batches`` (a list; or a count: the next ones of the runner's own stream); when ``timed``,
+        record the wall time of every step (pipeline waits included)."""
         start = self._mark()
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        stream = self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches)
+        if isinstance(batches, int):
+            steps = islice(self.steps, batches)
+        else:
+            steps = with_next(self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches))
         t_prev = time.perf_counter()
-        for batch, nxt in with_next(stream):
+        for batch, nxt in steps:
             self.train.step(batch, nxt)
             now = time.perf_counter()
             if timed:
                 self.times.append(now - t_prev)
             t_prev = now
         if timed:
-            self.marks.append((start, self._mark(), len(batches)))
+            self.marks.append((start, self._mark(), batches if isinstance(batches, int) else len(batches)))
             self.rounds.append((time.perf_counter() - wall0, time.process_time() - cpu0, os.getloadavg()[0]))
 
     def result(self, batch_size: int) -> dict:
@@ -281,6 +300,10 @@ class Runner:
         return res
 
     def close(self) -> None:
+        if self.steps is not None:
+            self.steps.close()
+            if hasattr(self._stream, "close"):
+                self._stream.close()  # the pipeline's stream: its windows and horizon go
         self.train.stop()
         for g in self.monitor.groups:
             g.close()
@@ -291,13 +314,12 @@ def run_disk(a: argparse.Namespace) -> dict:
     disk_dir = a.disk_dir or tempfile.gettempdir()
     chunk = max(a.steps // a.rounds, 1)
     w, batches = training_batches(a, a.warmup + chunk * a.rounds)
-    runners = [Runner(a, m.strip(), w, disk_dir) for m in a.modes.split(",") if m.strip()]
+    runners = [Runner(a, m.strip(), w, disk_dir, batches) for m in a.modes.split(",") if m.strip()]
     for r in runners:
-        r.run(batches[: a.warmup], timed=False)
+        r.run(a.warmup, timed=False)
     for k in range(a.rounds):
-        part = batches[a.warmup + k * chunk : a.warmup + (k + 1) * chunk]
         for j in range(len(runners)):  # rotate the order every round
-            runners[(j + k) % len(runners)].run(part, timed=True)
+            runners[(j + k) % len(runners)].run(chunk, timed=True)
     runs = [r.result(a.train_batch) for r in runners]
     for r in runners:
         r.close()
@@ -335,14 +357,18 @@ def run_oracle(a: argparse.Namespace) -> dict:
     trace of the disk workload (lookups only: which rows move does not depend on the values)."""
     disk_dir = a.disk_dir or tempfile.gettempdir()
     w, batches = training_batches(a, a.oracle_steps)
-    runner = Runner(a, "disk", w, disk_dir)
+    runner = Runner(a, f"disk+horizon{a.horizon}" if a.horizon else "disk", w, disk_dir)
     g = runner.monitor.groups[0]
     pairs = [_pairs(b) for b in batches]
     from tierec.store.spec import Counter
 
+    for k, t in pairs[: a.horizon]:
+        g.foresee(k, t)
     for i, (k, t) in enumerate(pairs):
         if i == a.warmup:
             start = int(g.counters[:, Counter.DISK_READ_ROWS].sum())
+        if a.horizon and i + a.horizon < len(pairs):
+            g.foresee(*pairs[i + a.horizon])
         g.lookup(k, t, insert=True)
     steps = len(pairs) - a.warmup
     ours = (int(g.counters[:, Counter.DISK_READ_ROWS].sum()) - start) / steps

@@ -305,6 +305,9 @@ class StoreConfig:
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
     lookup_ahead: bool = True
+    # with a disk tier: the ids of this many upcoming batches rank eviction (rows used soon stay in memory; see
+    # above); 0 = off
+    horizon: int = 0
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
     def __post_init__(self) -> None:
@@ -318,6 +321,8 @@ class StoreConfig:
             raise ConfigError(f"store.cache_policy {self.cache_policy!r} is not one of lfu, lru")
         if self.prefetch_depth < 1:
             raise ConfigError("store.prefetch_depth must be >= 1")
+        if self.horizon < 0:
+            raise ConfigError(f"store.horizon must be >= 0 (batches), got {self.horizon}")
         if self.cold_precision not in {p.value for p in ColdPrecision}:
             raise ConfigError(f"store.cold_precision {self.cold_precision!r} is not one of {[p.value for p in ColdPrecision]}")
         names = [t.name for t in self.tables]

@@ -56,18 +56,25 @@ def main() -> int:
 
 def _large_fast_tier() -> None:
     """The eviction kernels only a fast tier of 65,536 slots or more runs (the tiny runs never fill one)."""
+    import numpy as np
+
     from tierec.embedding.layout import RecordLayout
     from tierec.embedding.table import TableConfig
     from tierec.store.directory import Directory
     from tierec.store.eviction import Eviction
     from tierec.store.fast_tier import FastTier
+    from tierec.store.horizon import Horizon
     from tierec.store.spec import CachePolicy
 
     n = 1 << 16
     fast = FastTier(n, RecordLayout.of_tables([TableConfig(name="t", dim=1, features=["f"])]), "cpu")
     fast.slot_lid[fast.take(n)] = 0
-    for policy in CachePolicy:  # LFU's scores are float32 counts, LRU's int32 steps
-        Eviction(policy).choose(fast, Directory(cache_slots=n + 1), clock=1, wanted=64)
+    horizon = Horizon(2)
+    horizon.foresee(np.array([0]), at=2, step=1)
+    for policy in CachePolicy:  # LFU's scores are float32 counts, LRU's int32 steps; with a horizon, float64
+        for h in (Horizon(0), horizon):
+            Eviction(policy, h).choose(fast, Directory(cache_slots=n + 1), clock=1, wanted=64, step=1)
+    horizon.advance(2)
 
 
 if __name__ == "__main__":

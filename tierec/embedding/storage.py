@@ -85,8 +85,13 @@ class Prefetching(Protocol):
         (tierec.store.staging.BatchIds), and resolves each batch's lookup from the window's dedupe and probe."""
         ...
 
+    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """The unique pairs of the training batch after the last one foreseen, for eviction by next use
+        (tierec/store/horizon.py); reads nothing."""
+        ...
+
     def release_staged(self, token: int | None = None) -> None:
-        """Drop a window read ahead (every window without a token)."""
+        """Drop a window read ahead (every window without a token, and the batches foreseen)."""
         ...
 
     def read_ahead_fill(self) -> tuple[int, int, int | None]:

@@ -90,6 +90,7 @@ from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.eviction import Eviction
 from tierec.store.fast_tier import ZERO_SLOT, FastTier
+from tierec.store.horizon import Horizon
 from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
@@ -145,7 +146,8 @@ class TierStore:
             else None
         )
         self.admission = Admission(spec, seed)  # which new ids get a row
-        self.eviction = Eviction(spec.cache_policy)  # which rows leave the fast tier
+        self.horizon = Horizon(spec.horizon)  # when rows are next used, from the ids of upcoming batches
+        self.eviction = Eviction(spec.cache_policy, self.horizon)  # which rows leave the fast tier
         self.counters = np.zeros((layout.n_spaces, len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
         self.clock = 0  # lookups so far (training and evaluation)
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
@@ -166,7 +168,7 @@ class TierStore:
             note=self.changes.changed,
             note_deleted=self.changes.deleted,
         )
-        self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves)
+        self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves, self.horizon)
         self.tier_records = TierRecords(
             self.index, self.fast, self.codec, self.host, self.disk, self.admission, self.counters, moves
         )
@@ -220,6 +222,7 @@ class TierStore:
         self.clock += 1
         if insert:
             self.train_steps += 1
+            self.horizon.advance(self.train_steps)
             if self.train_steps % self.spec.interval == 0:
                 self.maintain()
         d = self.index
@@ -320,17 +323,29 @@ class TierStore:
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
 
+    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """The unique (table, id) pairs of the training batch after the last one foreseen (the first: the next
+        lookup's): eviction ranks rows by their next use in the ``spec.horizon`` batches ahead
+        (tierec/store/horizon.py). Pairs without a row are left out. Reads nothing."""
+        with self._lock:
+            if self.horizon.length:
+                lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
+                self.horizon.foresee(lids[lids >= 0], step=self.train_steps)
+
     def release_staged(self, token: int | None = None) -> None:
-        """Drop a window of records read ahead (all of them without a token: the pipeline stopped)."""
+        """Drop a window of records read ahead (all of them without a token: the pipeline stopped, and the
+        horizon's batches go too)."""
         with self._lock:
             if token is None:
                 self.staging.clear()
+                self.horizon.clear()
             else:
                 self.staging.release(token)
 
     def prefetcher(self) -> TierStore | None:
-        # host rows are a copy away: nothing to read ahead; nor with no memory left for it
-        return self if self.disk is not None and self.spec.stage_bytes != 0 else None
+        # host rows are a copy away: nothing to read ahead or foresee; nor with no memory left to read ahead
+        # and no horizon
+        return self if self.disk is not None and (self.spec.stage_bytes != 0 or self.spec.horizon) else None
 
     def read_ahead_fill(self) -> tuple[int, int, int | None]:
         """(rows not read ahead so far for want of room, bytes the windows hold now, bytes they may hold; None:
@@ -379,7 +394,8 @@ class TierStore:
         return self.fast.take(n)
 
     def _evict(self, required: int, wanted: int, best_effort: bool) -> None:
-        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required, self._in_flight)
+        slots, movable = self.eviction.choose(self.fast, self.index, self.clock, wanted, required, self._in_flight,
+                                              self.train_steps)
         if movable < required and not best_effort:
             pinned = int(np.count_nonzero(self.fast.slot_lid[1:] >= 0)) - movable
             raise CacheCapacityError(
@@ -417,9 +433,11 @@ class TierStore:
         new_loc, new_home = np.empty(lids.size, dtype=np.int8), np.empty(lids.size, dtype=np.int64)
         order = np.arange(lids.size)
         n_host = 0
+        if self.horizon.active:  # rows the next batches use rank above the rest
+            freq = self.horizon.ranked(freq, lids, self.train_steps)
         if self.host is not None:
             if self.disk is not None and self.host.free_rows is not None and self.host.free_rows < lids.size:
-                self.hotness.demote_colder(freq, lids.size - self.host.free_rows)
+                self.hotness.demote_colder(freq, lids.size - self.host.free_rows, self.train_steps)
             free = self.host.free_rows
             n_host = lids.size if free is None else min(free, lids.size)
             if n_host < lids.size:  # hottest rows to host
@@ -559,6 +577,7 @@ class TierStore:
     def free_rows(self, lids: np.ndarray) -> None:
         """Release every tier's slot of rows ``lids`` (before the directory forgets them)."""
         d = self.index
+        self.horizon.forget(lids)
         cs = d.cslot[lids].astype(np.int64)
         cs = np.sort(cs[cs >= 0])  # freed in slot order, not lid order: a resumed run numbers lids anew
         self.fast.release(cs)
@@ -629,7 +648,7 @@ class TierStore:
         if self.disk is not None:
             total += self.disk.nbytes()
         total += self.admission.nbytes()
-        return total + self.staging.nbytes()
+        return total + self.staging.nbytes() + self.horizon.nbytes()
 
     def resident_nbytes(self) -> int:  # the tiers account for their own memory
         return self.nbytes()

@@ -55,7 +55,9 @@ class StoreMonitor:
         # the tiered stores behind every storage (a tiered group, the chunk store of a tiered pruned group)
         self.groups = [s for c in self.collections for g in c.groups for s in g.tier_stores()]
         self.active = bool(self.groups)
-        self.pipeline = StorePipeline(self.collections, cfg.prefetch_depth) if cfg.prefetch and self.active else None
+        depth = cfg.prefetch_depth if cfg.prefetch else 0
+        horizon = cfg.horizon if any(g.horizon.length for g in self.groups) else 0  # stores with a disk tier
+        self.pipeline = StorePipeline(self.collections, depth, horizon) if (depth or horizon) and self.active else None
         # Weak: the loop's own reference must be the last, so a `break` closes the stream at once
         # (stopping the prefetch thread before the loader under it is closed).
         self._streams: weakref.WeakSet[Any] = weakref.WeakSet()

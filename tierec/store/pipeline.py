@@ -105,11 +105,14 @@ def targets_of(collections: list[Any]) -> list[_Target]:
 
 
 class StorePipeline:
-    def __init__(self, collections: list[Any], depth: int = 1) -> None:
-        if depth < 1:
-            raise ValueError("the read-ahead depth must be >= 1")
+    def __init__(self, collections: list[Any], depth: int = 1, horizon: int = 0) -> None:
+        """``depth``: batches per read-ahead window at most (0: no reading ahead); ``horizon``: batches whose
+        ids each store sees ahead of their lookups (``foresee``), 0 for none."""
+        if depth < 0 or horizon < 0 or depth == horizon == 0:
+            raise ValueError("the store pipeline reads ahead (depth >= 1), foresees (horizon >= 1) or both")
         self.targets = targets_of(collections)
         self.depth = depth
+        self.horizon = horizon
         self.wait_s = 0.0  # the step waiting for the batches upstream (the loader)
         self.stage_s = 0.0  # this stage's own time on the caller's thread (dedupe, starting the reads)
         self.batches = 0
@@ -117,6 +120,7 @@ class StorePipeline:
         self.smallest_window = depth
         self._dropped = 0  # rows the windows could not hold, so far
         self._dedupe = Deduper()
+        self.foresee_s = 0.0  # showing the stores the ids of the horizon's batches
 
     def stats(self) -> dict[str, float]:
         st = [t.group.staging.stats for t in self.targets]
@@ -126,6 +130,8 @@ class StorePipeline:
             "read_ahead_s": read_s,
             "hidden_share": 1.0 - wait_s / read_s if read_s > 0 else float("nan"),
             "stage_s": self.stage_s,
+            "foresee_s": self.foresee_s,
+            "horizon": self.horizon,
             "staged_rows": sum(s.staged_rows for s in st),
             "staged_used_rows": sum(s.used_rows for s in st),
             "resolved_batches": sum(s.resolved_batches for s in st),
@@ -163,6 +169,15 @@ class StorePipeline:
         self.stage_s += time.perf_counter() - t0
         return tokens
 
+    def foresee(self, batch: Any) -> None:
+        """Show every store the unique ids of the next batch (after those shown before) for its horizon."""
+        t0 = time.perf_counter()
+        for t in self.targets:
+            ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
+            k, tb, _ = self._dedupe(ids.astype(np.int64, copy=False), tb)
+            t.group.foresee(k, tb)
+        self.foresee_s += time.perf_counter() - t0
+
     def run(self, batches: Iterable[Any]) -> Iterator[Any]:
         """The batches of ``batches`` in order, the disk reads of the next window running behind each."""
         if not self.targets:
@@ -173,20 +188,23 @@ class StorePipeline:
         windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
 
         def pull(n: int) -> None:
-            t0 = time.perf_counter()
             while len(ahead) < n:
+                t0 = time.perf_counter()
                 try:
                     ahead.append(next(source))
                 except StopIteration:
                     break
-            self.wait_s += time.perf_counter() - t0
+                finally:
+                    self.wait_s += time.perf_counter() - t0
+                if self.horizon:
+                    self.foresee(ahead[-1])
 
         t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
             while True:
                 while windows and windows[0][0] + HELD <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
-                while t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
+                while self.depth and t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
                     pull(start - t + self.window)
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
@@ -194,7 +212,7 @@ class StorePipeline:
                     windows.append((start + len(window), self.stage(window, start - t + 1)))  # batch t: lookup 1
                     start += len(window)
                     self._adapt()
-                pull(1)
+                pull(1 + self.horizon)  # batch t, and the horizon's batches after it foreseen
                 if not ahead:
                     return
                 t += 1

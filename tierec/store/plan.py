@@ -172,6 +172,7 @@ class StorePlan:
             cold_precision=cfg.cold_precision,
             stage_bytes=None if stage is None else int(stage * share),
             in_flight=2 if cfg.lookup_ahead else 1,
+            horizon=cfg.horizon if disk else 0,  # ranks what leaves memory for disk: nothing to rank without one
         )
 
 

@@ -29,6 +29,7 @@ from tierec.store import hotness
 from tierec.store.directory import LOC_DISK, LOC_HOST, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.fast_tier import FastTier
+from tierec.store.horizon import Horizon
 from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves
 from tierec.sizes import release_free_memory
@@ -40,7 +41,8 @@ class HotnessPass:
     through ``moves`` (take_slots, bring_up, free_rows, count, note_deleted)."""
 
     def __init__(
-        self, index: Directory, spec: TierSpec, fast: FastTier, host: HostTier | None, disk: DiskTier | None, moves: TierMoves
+        self, index: Directory, spec: TierSpec, fast: FastTier, host: HostTier | None, disk: DiskTier | None,
+        moves: TierMoves, horizon: Horizon,
     ) -> None:
         self.index = index
         self.spec = spec
@@ -48,8 +50,8 @@ class HotnessPass:
         self.host = host
         self.disk = disk
         self.moves = moves
+        self.horizon = horizon  # host rows the next batches use stay
         self._cold_host: np.ndarray | None = None  # host rows ranked coldest first, since the last pass
-        self._cold_pos = 0  # how many of them went to disk
 
     def maintain(self, clock: int, train_steps: int) -> None:
         """The pass, at lookup number ``clock`` (``train_steps`` of them training)."""
@@ -76,17 +78,24 @@ class HotnessPass:
 
     # -------------------------------------------------- host rows making room
 
-    def demote_colder(self, incoming: np.ndarray, need: int) -> None:
-        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts) by
-        moving host rows that are colder than they are to disk, the coldest first. Without it a host tier
-        filled once (by a load, or early in a run) keeps rows that are never used again while hotter rows go
-        to disk."""
+    def demote_colder(self, incoming: np.ndarray, need: int, step: int = 0) -> None:
+        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts, or
+        their ranks with a horizon) by moving host rows that are colder than they are to disk, the coldest
+        first: of the ``need`` coldest by count, those the horizon's batches do not use (``step``: the
+        training lookups so far; measured on benchmarks.tiers --which oracle: fewer disk reads than taking
+        more candidates past them, or demoting them by farthest next use as the incoming rows are
+        ranked). Without it a host
+        tier filled once (by a load, or early in a run) keeps rows that are never used again while hotter
+        rows go to disk."""
         d = self.index
-        cand = self._cold_candidates(need)
+        cand = self._cold_candidates(need)[:need]
+        if self.horizon.active and cand.size:
+            cand = cand[self.horizon.next_use(cand, step) == 0]
+        cold = d.freq[cand]
         if cand.size == 0:
             return
         hot = np.sort(incoming)[::-1][: cand.size]
-        n = int(np.count_nonzero(hot > d.freq[cand]))  # both sorted: a prefix
+        n = int(np.count_nonzero(hot > cold))  # both sorted: a prefix
         if n == 0:
             return
         down = cand[:n]
@@ -95,23 +104,23 @@ class HotnessPass:
         self.host.free(hs)
         d.home[down] = self.disk.append(down, recs)
         d.loc[down] = LOC_DISK
-        self._cold_pos += n
         self.moves.count(Counter.DISK_WRITE_ROWS, d.tabs[down])
         self.moves.count(Counter.DEMOTED, d.tabs[down])
 
     def _cold_candidates(self, need: int) -> np.ndarray:
-        """Up to ``need`` rows still homed on host away from the fast tier, coldest first, from a ranking of
-        the coldest host rows made once per hotness pass (a pass over every row)."""
+        """Rows still homed on host away from the fast tier, coldest first: what is left of a ranking of the
+        coldest eighth of the host rows (``need`` at least) made once per hotness pass (a pass over every row)."""
         d = self.index
         for _ in range(2):
             if self._cold_host is None:
                 self._cold_host = self._extreme(max(self.host.max_rows // 8, need), LOC_HOST, hottest=False)
-                self._cold_pos = 0
-            q = self._cold_host[self._cold_pos :]
-            ok = q[d.away_in(q, LOC_HOST)]
-            if ok.size or self._cold_pos == 0:
-                self._cold_host, self._cold_pos = ok, 0
-                return ok[:need]
+                fresh = True
+            else:
+                fresh = False
+            ok = self._cold_host[d.away_in(self._cold_host, LOC_HOST)]
+            if ok.size or fresh:
+                self._cold_host = ok
+                return ok
             self._cold_host = None  # used up since the last pass: rank again
         return np.empty(0, dtype=np.int64)
 

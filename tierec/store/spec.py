@@ -67,6 +67,7 @@ class TierSpec:
     cold_precision: ColdPrecision = ColdPrecision.FP32  # rows in host and disk: fp32 | bf16 | int8 (store/codec.py)
     stage_bytes: int | None = None  # records read ahead (TieredGroup.stage) held at once; None = unbounded
     in_flight: int = 1  # lookups whose rows stay pinned; 2 lets the next batch's lookup run during a step
+    horizon: int = 0  # training batches ahead whose ids rank eviction (tierec/store/horizon.py); 0 = none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_policy", CachePolicy.parse(self.cache_policy))
@@ -81,7 +82,7 @@ class TierSpec:
             raise ConfigError("store.decay must be in (0, 1]")
         if not 0.0 < self.admit_probability <= 1.0:
             raise ConfigError("store.admit_probability must be in (0, 1]")
-        for k in ("promote_max", "admit_after", "max_rows", "ttl_steps"):
+        for k in ("promote_max", "admit_after", "max_rows", "ttl_steps", "horizon"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"store.{k} must be >= 0")
         if self.sketch_width & (self.sketch_width - 1) or self.sketch_width < 16:

@@ -1,0 +1,122 @@
+"""store.horizon: next uses from the ids of upcoming batches, as a plain search finds them; eviction by them
+changes no number with fp32 cold rows, gives the same numbers on every path with compact ones, and reads
+fewer rows from disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tierec.config import ConfigError, load_config
+from tierec.embedding.table import TableConfig
+from tierec.store.group import TieredGroup
+from tierec.store.horizon import Horizon
+from tierec.store.spec import Counter, TierSpec
+from tierec.train.trainer import Trainer
+
+
+def _plain_next_use(batches: list[np.ndarray], lid: int, step: int, length: int) -> int:
+    """The first step in step + 1 .. step + length whose batch (batches[s - 1]) holds ``lid``; 0 if none."""
+    for s in range(step + 1, min(step + length, len(batches)) + 1):
+        if lid in batches[s - 1]:
+            return s
+    return 0
+
+
+@pytest.mark.parametrize("length", [1, 3, 8])
+def test_next_uses_are_those_of_a_plain_search(length: int) -> None:
+    rng = np.random.default_rng(length)
+    n_lids, steps = 300, 60
+    batches = [np.unique(rng.zipf(1.3, size=400) % n_lids) for _ in range(steps)]  # over the 1024 links held
+    h = Horizon(length)
+    foreseen = 0
+    lids = np.arange(n_lids + 5)  # a few never foreseen
+    for step in range(steps):
+        # the pipeline foresees at least `length` batches ahead, sometimes more (its windows pull further)
+        target = min(steps, step + length + int(rng.integers(0, 4)))
+        while foreseen < target:
+            h.foresee(batches[foreseen], step=step)
+            foreseen += 1
+        want = [_plain_next_use(batches, x, step, length) for x in lids]
+        assert h.next_use(lids, step).tolist() == want, step
+        h.advance(step + 1)  # lookup step + 1 consumes batches[step]
+    assert not h.active
+
+
+def test_ranked_puts_rows_used_soon_above_all_and_clear_forgets_them() -> None:
+    h = Horizon(4)
+    h.foresee(np.array([2]), step=0)  # step 1
+    h.foresee(np.array([0]), step=0)  # step 2
+    score = np.array([5.0, 1.0, 9.0, 3.0])
+    r = h.ranked(score, np.array([0, 1, 2, -1]), step=0)
+    assert r[1] == 1.0 and r[3] == 3.0  # not foreseen: their counts
+    assert r[2] > r[0] > score.max()  # used at step 1, then at step 2: both above every count
+    h.clear()
+    assert h.next_use(np.arange(3), step=0).tolist() == [0, 0, 0] and not h.active
+
+
+DIM = 8
+REC = 4 * (DIM + 1)
+
+
+def _zipf_batches(seed: int, n: int, rows: int = 4000, size: int = 600) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.unique((rng.zipf(1.2, size=size) - 1) % rows).astype(np.int64) for _ in range(n)]
+
+
+def _disk_reads(tmp_path, horizon: int, batches: list[np.ndarray], cold: str) -> int:
+    spec = TierSpec(cache_bytes=500 * REC, host_bytes=400 * REC, disk_dir=str(tmp_path / f"{cold}{horizon}"),
+                    cold_precision=cold, horizon=horizon)
+    g = TieredGroup([TableConfig(name="t", dim=DIM, features=["f"])], spec, seed=0)
+    zeros = [np.zeros(b.size, dtype=np.int32) for b in batches]
+    for b, z in zip(batches[:horizon], zeros):
+        g.foresee(b, z)
+    for i, (b, z) in enumerate(zip(batches, zeros)):
+        if horizon and i + horizon < len(batches):
+            g.foresee(batches[i + horizon], zeros[i + horizon])
+        g.lookup(b, z, insert=True)
+    reads = int(g.counters[0, Counter.DISK_READ_ROWS])
+    g.close()
+    return reads
+
+
+@pytest.mark.parametrize("cold", ["fp32", "int8"])
+def test_a_horizon_reads_fewer_rows_from_disk(tmp_path, cold: str) -> None:
+    batches = _zipf_batches(0, 120)
+    without, with_16 = _disk_reads(tmp_path, 0, batches, cold), _disk_reads(tmp_path, 16, batches, cold)
+    assert 0 < with_16 < 0.95 * without
+
+
+BASE = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=1024", "train.progress=false",
+        "train.plots=false", "train.epochs=2", "embedding.dim=8", "store.enabled=true", "store.cache_size=192KiB",
+        "store.host_size=64KiB"]
+
+
+def _fit(tmp_path, name: str, extra: list[str]) -> dict:
+    cfg = load_config(None, BASE + extra + [f"store.disk_path={tmp_path / name / 'disk'}"])
+    return Trainer(cfg, tmp_path / name, echo=lambda _: None).fit()
+
+
+def test_a_horizon_changes_no_number_with_fp32_cold_rows(tmp_path) -> None:
+    a = _fit(tmp_path, "off", ["store.horizon=0"])
+    b = _fit(tmp_path, "on", ["store.horizon=6"])
+    assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
+    assert b["store"]["pipeline"]["horizon"] == 6 and b["store"]["pipeline"]["foresee_s"] > 0
+    assert b["store"]["disk_read_rows"] != a["store"]["disk_read_rows"]  # it moved other rows
+
+
+def test_with_int8_cold_rows_every_path_gives_the_numbers_of_the_sequential_one(tmp_path) -> None:
+    common = ["store.cold_precision=int8", "store.horizon=6"]
+    # lookups ahead on a thread in both (with a lossy codec store.lookup_ahead sets the pinning rule of every
+    # lookup, so it is part of the config, not of the path); the windows read ahead pull batches further
+    a = _fit(tmp_path, "sequential", common + ["store.prefetch=false"])
+    b = _fit(tmp_path, "ahead", common + ["store.prefetch=true", "store.prefetch_depth=3"])
+    assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
+    assert a["store"]["disk_read_rows"] == b["store"]["disk_read_rows"]  # the same rows moved
+    c = _fit(tmp_path, "none", ["store.cold_precision=int8", "store.horizon=0"])
+    assert c["final_train_loss"] != a["final_train_loss"]  # rounding follows the rows that moved
+
+
+def test_a_negative_horizon_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="store.horizon must be >= 0"):
+        load_config(None, ["store.horizon=-1"])

@@ -156,7 +156,10 @@ def test_tiered_trainer_with_prefetch_and_hot_rows_on_2_and_4_matches_one_proces
         (tmp_path / d).mkdir()
 
     def tiers(w: int) -> list[str]:
-        return over + [f"store.cache_size={48 // w}KiB", f"store.disk_path={tmp_path / f'd{w}'}"]
+        # on 4 processes without the horizon (store.horizon): its rows used soon stay in memory, and rank 0
+        # then reads nothing ahead on 2; fp32 rows, so it changes no number either way
+        return over + [f"store.cache_size={48 // w}KiB", f"store.disk_path={tmp_path / f'd{w}'}"] \
+            + ["store.horizon=0"] * (w == 4)
 
     Trainer(load_config(None, tiers(1)), tmp_path / "one").fit()
     for w in (2, 4):
@@ -164,7 +167,11 @@ def test_tiered_trainer_with_prefetch_and_hot_rows_on_2_and_4_matches_one_proces
         compare_runs(tmp_path / "one", tmp_path / f"w{w}")
         assert sorted(p.name for p in (tmp_path / f"d{w}").iterdir()) == [f"rank-{r}" for r in range(w)]
         store = _store_summary(tmp_path / f"w{w}")["store"]  # rank 0's tiers: most rows on disk, some read ahead
-        assert store["rows_disk"] > store["rows_cache"] and store["pipeline"]["staged_rows"] > 0, store
+        assert store["rows_disk"] > store["rows_cache"] and store["disk_read_rows"] > 0, store
+        if w == 4:
+            assert store["pipeline"]["staged_rows"] > 0, store
+        else:
+            assert store["pipeline"]["horizon"] == 128 and store["pipeline"]["foresee_s"] > 0, store
 
 
 def test_tiered_and_pruned_interrupted_at_4_resume_at_2_and_at_1(tmp_path: Path) -> None:

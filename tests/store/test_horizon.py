@@ -24,29 +24,41 @@ def _plain_next_use(batches: list[np.ndarray], lid: int, step: int, length: int)
 
 
 @pytest.mark.parametrize("length", [1, 3, 8])
-def test_next_uses_are_those_of_a_plain_search(length: int) -> None:
+def test_next_uses_are_those_of_a_plain_search_whenever_batches_were_foreseen(length: int) -> None:
+    """Rows are made by the lookups (an id's first batch); a batch is foreseen at least ``length`` steps ahead,
+    sometimes more, so some of its ids have no row yet when it is foreseen; rows are deleted now and then."""
     rng = np.random.default_rng(length)
-    n_lids, steps = 300, 60
-    batches = [np.unique(rng.zipf(1.3, size=400) % n_lids) for _ in range(steps)]  # over the 1024 links held
+    n_ids, steps = 300, 60
+    batches = [np.unique(rng.zipf(1.3, size=400) % n_ids) for _ in range(steps)]  # over the 1024 entries held
     h = Horizon(length)
+    made = np.zeros(n_ids, dtype=bool)  # the store's rows: lid = id
     foreseen = 0
-    lids = np.arange(n_lids + 5)  # a few never foreseen
     for step in range(steps):
-        # the pipeline foresees at least `length` batches ahead, sometimes more (its windows pull further)
         target = min(steps, step + length + int(rng.integers(0, 4)))
         while foreseen < target:
-            h.foresee(batches[foreseen], step=step)
+            b = batches[foreseen]
+            h.foresee(b, np.zeros(b.size, dtype=np.int32), np.where(made[b], b, -1), step=step)
             foreseen += 1
-        want = [_plain_next_use(batches, x, step, length) for x in lids]
-        assert h.next_use(lids, step).tolist() == want, step
-        h.advance(step + 1)  # lookup step + 1 consumes batches[step]
+        rows = np.flatnonzero(made)
+        want = [_plain_next_use(batches, x, step, length) for x in rows]
+        assert h.next_use(rows, step).tolist() == want, step
+        if step % 7 == 6 and rows.size:  # a few rows deleted; their ids come back as new rows
+            gone = rows[:3]
+            h.forget(gone, gone, np.zeros(gone.size, dtype=np.int32))
+            made[gone] = False
+        h.advance(step + 1)  # lookup step + 1 looks up batches[step] and makes its new rows
+        b = batches[step]
+        new = b[~made[b]]
+        made[new] = True
+        h.resolve(new, np.zeros(new.size, dtype=np.int32), new, step + 1)
     assert not h.active
 
 
 def test_ranked_puts_rows_used_soon_above_all_and_clear_forgets_them() -> None:
     h = Horizon(4)
-    h.foresee(np.array([2]), step=0)  # step 1
-    h.foresee(np.array([0]), step=0)  # step 2
+    zero = np.zeros(1, dtype=np.int32)
+    h.foresee(np.array([2]), zero, np.array([2]), step=0)  # step 1
+    h.foresee(np.array([0]), zero, np.array([0]), step=0)  # step 2
     score = np.array([5.0, 1.0, 9.0, 3.0])
     r = h.ranked(score, np.array([0, 1, 2, -1]), step=0)
     assert r[1] == 1.0 and r[3] == 3.0  # not foreseen: their counts

@@ -240,6 +240,8 @@ class TierStore:
                 self._count(Counter.REJECTED, tabs[rejected])
                 new = unknown[admit]
                 lids[new] = d.insert(keys[new], tabs[new])  # away from every tier: cs and loc say so already
+                if self.horizon.active:  # their uses in the batches foreseen before they had a row
+                    self.horizon.resolve(keys[new], tabs[new], lids[new], self.train_steps)
                 self._count(Counter.NEW, tabs[new])
         pos = np.flatnonzero(lids >= 0)
         rows[pos] = self._make_resident(lids[pos], cs[pos], loc[pos], home[pos], tabs[pos], self.clock)
@@ -326,11 +328,11 @@ class TierStore:
     def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
         """The unique (table, id) pairs of the training batch after the last one foreseen (the first: the next
         lookup's): eviction ranks rows by their next use in the ``spec.horizon`` batches ahead
-        (tierec/store/horizon.py). Pairs without a row are left out. Reads nothing."""
+        (tierec/store/horizon.py); pairs without a row count from the lookup that makes it. Reads nothing."""
         with self._lock:
             if self.horizon.length:
-                lids = self.index.find(keys, tabs.astype(np.int32, copy=False))
-                self.horizon.foresee(lids[lids >= 0], step=self.train_steps)
+                tabs = tabs.astype(np.int32, copy=False)
+                self.horizon.foresee(keys, tabs, self.index.find(keys, tabs), step=self.train_steps)
 
     def release_staged(self, token: int | None = None) -> None:
         """Drop a window of records read ahead (all of them without a token: the pipeline stopped, and the
@@ -577,7 +579,7 @@ class TierStore:
     def free_rows(self, lids: np.ndarray) -> None:
         """Release every tier's slot of rows ``lids`` (before the directory forgets them)."""
         d = self.index
-        self.horizon.forget(lids)
+        self.horizon.forget(lids, d.keys[lids], d.tabs[lids])
         cs = d.cslot[lids].astype(np.int64)
         cs = np.sort(cs[cs >= 0])  # freed in slot order, not lid order: a resumed run numbers lids anew
         self.fast.release(cs)

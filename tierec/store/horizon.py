@@ -14,18 +14,22 @@ Bookkeeping: each foreseen batch keeps its rows (lids) and, per row, the
 batch after it inside the horizon that uses the row again (``follow``; linked
 when that batch is foreseen). A row's next use is set when it is foreseen
 with no earlier use pending, and moves on along its links as the training
-lookups consume the batches. 12 bytes per row of the store and 8 per id of
-the foreseen batches.
+lookups consume the batches. 8 bytes per row of the store and 16 per id of
+the foreseen batches (the pipeline holds the batches themselves too).
 
-Deterministic whatever the threads' timing: a lookup at training step ``s``
-ranks by the uses in steps ``s + 1 .. s + K`` only, whatever was foreseen
-beyond them, and the pipeline foresees step ``s + K`` before it hands out
-batch ``s``. Ids a store has no row for yet are not foreseen (a new row's
-uses count once its batch is foreseen after it was made).
+Deterministic whatever the threads' timing, and across a resume: a lookup
+at training step ``s`` ranks by the uses in steps ``s + 1 .. s + K`` only,
+whatever was foreseen beyond them (the pipeline foresees step ``s + K``
+before it hands out batch ``s``), and ids that had no row when foreseen
+keep their entries until a lookup makes their row (``resolve``), so the
+ranking depends on the batches and the rows there are, never on when a
+batch was foreseen.
 
 >>> import numpy as np
+>>> def ids(*x): return np.array(x), np.zeros(len(x), dtype=np.int32)  # (keys, tables) of a batch
 >>> h = Horizon(2)
->>> h.foresee(np.array([5, 7]), at=1); h.foresee(np.array([7]), at=2); h.foresee(np.array([5]), at=3)
+>>> h.foresee(*ids(5, 7), np.array([5, 7]), at=1); h.foresee(*ids(7), np.array([7]), at=2)
+>>> h.foresee(*ids(5), np.array([5]), at=3)
 >>> h.next_use(np.array([5, 7, 9]), step=0).tolist()  # row 9 is not foreseen
 [1, 1, 0]
 >>> h.advance(1); h.next_use(np.array([5, 7, 9]), step=1).tolist()  # step 1 consumed: the next uses move on
@@ -41,31 +45,68 @@ from collections import deque
 import numba as nb
 import numpy as np
 
+from tierec.embedding.kernels import key_hash
+
 BEFORE_ALL = float(1 << 52)  # scores of rows used inside the horizon: above every access count and step
 
 
-@nb.njit(cache=True, nogil=True)
-def _foresee(lids, at, step, next_at, last_at, last_pos, follow, base):
-    """Enter batch ``at``'s rows (its follow links start at ``base``): a row with a use still pending links
-    from it; any other row is next used at ``at``."""
-    for i in range(lids.shape[0]):
-        x = lids[i]
-        follow[base + i] = 0
-        if last_at[x] > step:
-            follow[last_pos[x]] = at
-        else:
-            next_at[x] = at
-        last_at[x] = at
-        last_pos[x] = base + i
+@nb.njit(cache=True, nogil=True, inline="always")
+def _link(x, at, pos, step, next_at, last_pos, follow):
+    """Row ``x`` is used at step ``at`` (its entry at ``pos``, entered after every earlier use of it): linked
+    from its latest pending use, or its next use when none is pending (none after ``step``)."""
+    if next_at[x] > step:
+        follow[last_pos[x]] = at
+    else:
+        next_at[x] = at
+    last_pos[x] = pos
 
 
 @nb.njit(cache=True, nogil=True)
-def _advance(lids, at, follow, base, next_at):
+def _foresee(e_lid, at, step, next_at, last_pos, follow, base, n):
+    """Enter a batch's entries ``base .. base + n`` (their rows in ``e_lid``; -1: no row yet)."""
+    for p in range(base, base + n):
+        follow[p] = 0
+        x = e_lid[p]
+        if x >= 0:
+            _link(x, at, p, step, next_at, last_pos, follow)
+
+
+@nb.njit(cache=True, nogil=True)
+def _advance(e_lid, at, follow, base, n, next_at):
     """Batch ``at`` is being looked up: its rows move on to their next foreseen use (0: none)."""
-    for i in range(lids.shape[0]):
-        x = lids[i]
-        if next_at[x] == at:
-            next_at[x] = follow[base + i]
+    for p in range(base, base + n):
+        x = e_lid[p]
+        if x >= 0 and next_at[x] == at:
+            next_at[x] = follow[p]
+
+
+@nb.njit(cache=True, nogil=True)
+def _resolve(keys, tabs, lids, u_pos, u_key, u_tab, e_lid, e_at, step, next_at, last_pos, follow, matched):
+    """Rows just made (``keys``/``tabs`` -> ``lids``): the entries that named them before they had a row
+    (``u_*``, in the order they were foreseen) get them, linked in that order."""
+    size = 16
+    while size < 2 * keys.shape[0]:
+        size *= 2
+    table = np.full(size, -1, dtype=np.int64)
+    mask = np.uint64(size - 1)
+    for i in range(keys.shape[0]):
+        j = key_hash(np.int32(tabs[i]), keys[i]) & mask
+        while table[j] >= 0:
+            j = (j + np.uint64(1)) & mask
+        table[j] = i
+    for k in range(u_pos.shape[0]):
+        p = u_pos[k]
+        if e_at[p] <= step:
+            continue  # its batch was looked up already
+        j = key_hash(np.int32(u_tab[k]), u_key[k]) & mask
+        while table[j] >= 0:
+            i = table[j]
+            if keys[i] == u_key[k] and tabs[i] == u_tab[k]:
+                e_lid[p] = lids[i]
+                _link(lids[i], e_at[p], p, step, next_at, last_pos, follow)
+                matched[k] = True
+                break
+            j = (j + np.uint64(1)) & mask
 
 
 @nb.njit(cache=True, nogil=True)
@@ -89,73 +130,138 @@ class Horizon:
             raise ValueError("the horizon's length must be >= 0")
         self.length = length
         self.next_at = np.zeros(0, dtype=np.int32)  # [lids] the training step that next uses each row; 0: none foreseen
-        self.last_at = np.zeros(0, dtype=np.int32)  # [lids] the latest foreseen step that uses it
-        self.last_pos = np.zeros(0, dtype=np.int32)  # [lids] ... its place among the follow links
-        self.follow = np.zeros(1024, dtype=np.int32)  # per foreseen id: its row's next foreseen step after it
-        self.batches: deque[tuple[int, np.ndarray, int]] = deque()  # (step, lids, base in follow), oldest first
-        self._end = 0  # follow links in use: those of the batches held, from self.batches[0]'s base
+        self.last_pos = np.zeros(0, dtype=np.int32)  # [lids] the entry of its latest foreseen use
+        # per entry (an id of a foreseen batch): its row (-1: none yet), its step, and the step
+        # after it that uses its row again (0: none foreseen)
+        self.e_lid = np.zeros(1024, dtype=np.int64)
+        self.e_at = np.zeros(1024, dtype=np.int32)
+        self.follow = np.zeros(1024, dtype=np.int32)
+        self.batches: deque[tuple[int, int, int]] = deque()  # (step, first entry, entries), oldest first
+        self._end = 0  # entries in use: those of the batches held, from self.batches[0]'s first
+        # the entries of ids that had no row when foreseen (their entry, key, table), in the order foreseen
+        self.u_pos = np.zeros(0, dtype=np.int64)
+        self.u_key = np.zeros(0, dtype=np.int64)
+        self.u_tab = np.zeros(0, dtype=np.int32)
         self.foreseen_to = 0  # the step of the last batch foreseen (0: none since the last clear)
 
     def nbytes(self) -> int:
-        return self.next_at.nbytes + self.last_at.nbytes + self.last_pos.nbytes + self.follow.nbytes \
-            + sum(b[1].nbytes for b in self.batches)
+        return sum(a.nbytes for a in (self.next_at, self.last_pos, self.e_lid, self.e_at, self.follow, self.u_pos,
+                                      self.u_key, self.u_tab))
 
-    def _fit(self, rows: int, ids: int) -> None:
+    def _first(self) -> int:
+        return self.batches[0][1] if self.batches else self._end
+
+    def _grow_rows(self, rows: int) -> None:
         if rows > self.next_at.shape[0]:
             n = max(rows, 2 * self.next_at.shape[0])
-            for name in ("next_at", "last_at", "last_pos"):
+            for name in ("next_at", "last_pos"):
                 old = getattr(self, name)
                 new = np.zeros(n, dtype=np.int32)
                 new[: old.shape[0]] = old
                 setattr(self, name, new)
-        if self._end + ids > self.follow.shape[0]:  # links of consumed batches go; the rest move to the front
-            base = self.batches[0][2] if self.batches else self._end
-            live = self.follow[base : self._end]
-            if live.shape[0] + ids > self.follow.shape[0] // 2:
-                grown = np.zeros(2 * (live.shape[0] + ids), dtype=np.int32)
-                grown[: live.shape[0]] = live
-                self.follow = grown
-            else:
-                self.follow[: live.shape[0]] = live
-            self.batches = deque((at, lids, b - base) for at, lids, b in self.batches)
-            self.last_pos[: self.next_at.shape[0]] -= np.int32(base)  # only pending rows' positions are read
-            self._end = live.shape[0]
 
-    def foresee(self, lids: np.ndarray, at: int | None = None, step: int = 0) -> None:
-        """The rows (unique lids) of the batch the training lookup number ``at`` will look up (None: the one
-        after the last foreseen, or the next lookup's); ``step``: the training lookups done so far. Batches
-        come in the order of their steps."""
-        lids = np.ascontiguousarray(lids, dtype=np.int64)
+    def _fit(self, ids: int) -> None:
+        """Room for ``ids`` more entries: those of consumed batches go, the rest move to the front."""
+        if self._end + ids <= self.follow.shape[0]:
+            return
+        base = self._first()
+        live = self._end - base
+        size = self.follow.shape[0] if live + ids <= self.follow.shape[0] // 2 else 2 * (live + ids)
+        for name in ("e_lid", "e_at", "follow"):
+            old = getattr(self, name)
+            new = old if size == old.shape[0] else np.zeros(size, dtype=old.dtype)
+            new[:live] = old[base : self._end]
+            setattr(self, name, new)
+        self.batches = deque((at, b - base, n) for at, b, n in self.batches)
+        self.last_pos -= np.int32(base)  # only pending rows' entries are read
+        self.u_pos -= base
+        self._end = live
+
+    def foresee(self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray, at: int | None = None,
+                step: int = 0) -> None:
+        """The unique pairs (``keys``, ``tabs``; their rows ``lids``, -1 for none yet) of the batch the training
+        lookup number ``at`` will look up (None: the one after the last foreseen, or the next lookup's);
+        ``step``: the training lookups done so far. Batches come in the order of their steps."""
         at = max(self.foreseen_to, step) + 1 if at is None else at
         self.foreseen_to = at
+        n = lids.shape[0]
         if self.length == 0 or at <= step:
             return
-        self._fit(int(lids.max()) + 1 if lids.size else 0, lids.shape[0])
-        _foresee(lids, np.int32(at), np.int32(step), self.next_at, self.last_at, self.last_pos, self.follow, self._end)
-        self.batches.append((at, lids, self._end))
-        self._end += lids.shape[0]
+        self._grow_rows(int(lids.max()) + 1 if n else 0)
+        self._fit(n)
+        base = self._end
+        self.e_lid[base : base + n] = lids
+        self.e_at[base : base + n] = at
+        _foresee(self.e_lid, np.int32(at), np.int32(step), self.next_at, self.last_pos, self.follow, base, n)
+        unknown = np.flatnonzero(lids < 0)
+        if unknown.size:
+            self.u_pos = np.concatenate([self.u_pos, base + unknown])
+            self.u_key = np.concatenate([self.u_key, keys[unknown].astype(np.int64, copy=False)])
+            self.u_tab = np.concatenate([self.u_tab, tabs[unknown].astype(np.int32, copy=False)])
+        self.batches.append((at, base, n))
+        self._end += n
+
+    def resolve(self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray, step: int) -> None:
+        """Rows just made for pairs ``keys``/``tabs`` (their ``lids``) during training lookup ``step``: the
+        foreseen uses they had before they had a row count from now on, so the horizon never depends on
+        when a batch was foreseen, only on the batches and the rows there are."""
+        if self.u_pos.shape[0] == 0 or lids.shape[0] == 0:
+            return
+        self._grow_rows(int(lids.max()) + 1)
+        matched = np.zeros(self.u_pos.shape[0], dtype=np.bool_)
+        _resolve(keys.astype(np.int64, copy=False), tabs.astype(np.int32, copy=False), lids.astype(np.int64, copy=False),
+                 self.u_pos, self.u_key, self.u_tab, self.e_lid, self.e_at, np.int32(step), self.next_at,
+                 self.last_pos, self.follow, matched)
+        if matched.any():
+            keep = ~matched
+            self.u_pos, self.u_key, self.u_tab = self.u_pos[keep], self.u_key[keep], self.u_tab[keep]
 
     def advance(self, step: int) -> None:
         """The training lookup number ``step`` starts: batches up to it are consumed."""
         while self.batches and self.batches[0][0] <= step:
-            at, lids, base = self.batches.popleft()
-            _advance(lids, np.int32(at), self.follow, base, self.next_at)
+            at, base, n = self.batches.popleft()
+            _advance(self.e_lid, np.int32(at), self.follow, base, n, self.next_at)
         if not self.batches:
             self._end = 0
+        if self.u_pos.shape[0]:
+            keep = self.u_pos >= self._first()
+            if not keep.all():
+                self.u_pos, self.u_key, self.u_tab = self.u_pos[keep], self.u_key[keep], self.u_tab[keep]
 
     def clear(self) -> None:
         """Forget every foreseen batch (the pipeline stopped)."""
-        for _, lids, _ in self.batches:
-            self.next_at[lids] = 0
-            self.last_at[lids] = 0
+        live = self.e_lid[self._first() : self._end]
+        self.next_at[live[live >= 0]] = 0
         self.batches.clear()
         self._end = 0
+        self.u_pos, self.u_key, self.u_tab = self.u_pos[:0], self.u_key[:0], self.u_tab[:0]
         self.foreseen_to = 0
 
-    def forget(self, lids: np.ndarray) -> None:
-        """Rows deleted (their lids may be given to new rows): no next use."""
-        lids = lids[lids < self.next_at.shape[0]]
+    def forget(self, lids: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:
+        """Rows deleted (``lids``, of pairs ``keys``/``tabs``; the lids may be given to other rows): their
+        foreseen entries name no row again, until a lookup makes the pair's row anew (``resolve``)."""
+        inside = lids < self.next_at.shape[0]
+        lids, keys, tabs = lids[inside], keys[inside], tabs[inside]
+        if lids.size == 0:
+            return
         self.next_at[lids] = 0
+        if not self.batches:
+            return
+        first = self._first()
+        live = self.e_lid[first : self._end]
+        order = np.argsort(lids)
+        where = np.searchsorted(lids[order], np.maximum(live, 0))
+        where = np.minimum(where, lids.size - 1)
+        hit = np.flatnonzero((live >= 0) & (lids[order][where] == live))
+        if hit.size == 0:
+            return
+        live[hit] = -1  # a view: written through
+        src = order[where[hit]]
+        pos = np.concatenate([self.u_pos, first + hit])
+        key = np.concatenate([self.u_key, keys[src].astype(np.int64, copy=False)])
+        tab = np.concatenate([self.u_tab, tabs[src].astype(np.int32, copy=False)])
+        by = np.argsort(pos, kind="stable")  # resolve() goes through them in the order foreseen
+        self.u_pos, self.u_key, self.u_tab = pos[by], key[by], tab[by]
 
     @property
     def active(self) -> bool:

@@ -98,11 +98,17 @@ class StoreMonitor:
         return tot
 
     def describe(self) -> str:
-        """One line on the read-ahead stage, or "" when there is none."""
+        """One line on the read-ahead stage and the horizon, or "" when there is neither."""
         if self.pipeline is None or not self.pipeline.targets:
             return ""
-        return (f"store: reading disk rows ahead in windows of up to {self.pipeline.depth} batches, fewer while they "
-                "do not fit in their share of store.memory_budget (store.prefetch, store.prefetch_depth)")
+        parts = []
+        if self.pipeline.depth:
+            parts.append(f"reading disk rows ahead in windows of up to {self.pipeline.depth} batches, fewer while they "
+                         "do not fit in their share of store.memory_budget (store.prefetch, store.prefetch_depth)")
+        if self.pipeline.horizon:
+            parts.append(f"eviction ranked by the ids of the next {self.pipeline.horizon} batches, which the pipeline "
+                         "holds (store.horizon; 0 turns it off)")
+        return "store: " + "; ".join(parts)
 
     def pipeline_stats(self) -> dict[str, float]:
         if self.pipeline is None:

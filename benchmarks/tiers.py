@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=30, help="disk: timed steps")
     p.add_argument("--warmup", type=int, default=20, help="disk: untimed steps first (the cache warms up)")
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
-    p.add_argument("--modes", default="memory,disk,disk+prefetch4,disk+prefetch4+ahead",
-                   help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead)")
+    p.add_argument("--modes", default="memory,disk,disk+prefetch4+ahead,disk+prefetch4+ahead+horizon128",
+                   help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead; "
+                        "+horizonN: store.horizon, else 0)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],

@@ -311,8 +311,10 @@ class StoreConfig:
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
     lookup_ahead: bool = True
-    # with a disk tier: the ids of this many upcoming batches rank eviction (see above); 0 = off. 128 measured:
-    # 1.2-1.9x the samples/s of none at 4x and 16x, disk reads within 1.1-1.25x of Belady's (docs/performance.md)
+    # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.
+    # 128 measured:
+    # 1.1-1.6x the samples/s of none at 4x and 16x, disk reads 1.10x (int8) / 1.22x (fp32) of Belady's
+    # minimum against 1.55x / 1.71x (docs/performance.md)
     horizon: int = 128
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 

@@ -1,4 +1,13 @@
-"""StorePipeline: stage 3 of the training pipeline for tiered tables: the disk reads of the next window.
+"""StorePipeline: stage 3 of the training pipeline for tiered tables: the disk reads of the next window, and
+the ids of the next ``horizon`` batches.
+
+With a ``horizon`` (``store.horizon``) the stage pulls that many batches past
+the one it hands out and shows each store the unique ids of every batch as it
+comes (``foresee``, once per batch, in order): eviction ranks rows by their
+next use among them (tierec/store/horizon.py). Nothing is read for them; the
+batches held come on top of the read-ahead windows' (outside
+``store.memory_budget``). ``depth`` 0 foresees without reading ahead
+(``store.prefetch = false``).
 
 Batches go through in order, in windows of up to ``depth`` (k) batches. One batch
 before a window starts (``LEAD``), the rows of its batches are deduplicated

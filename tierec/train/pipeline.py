@@ -9,7 +9,8 @@ For batch ``t`` the stages are:
    embedding forward has inserted its ids (:class:`~tierec.embedding.ahead.LookAhead`);
 3. **read ahead** the disk rows of the next window of ``k = store.prefetch_depth``
    batches on the disk tier's read-ahead threads (tiered storage with
-   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`), and **bring
+   ``store.prefetch``: :class:`~tierec.store.pipeline.StorePipeline`, which also shows the
+   stores the ids of the next ``store.horizon`` batches for their eviction), and **bring
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
    with the evictions and write-backs it needs; its dedupe and probe are the
    window's, done once for the window's batches) on stage 2's thread during batch

@@ -41,10 +41,19 @@ CHECKPOINT_CHUNKS = 8  # chunk-sized buffers a streamed save or load holds, at m
 CHUNK_BYTES = 1 << 24
 
 
-def bound_bytes(budget: int, ids: int, baseline: int, dense: int) -> int:
+def horizon_bytes(horizon: int, batch: int, ids: int) -> int:
+    """What ``store.horizon`` holds outside the budget (tierec/store/horizon.py): 8 bytes per row; per id of
+    the batches held, a 16-byte entry and the batch's own 8-byte id and 8-byte offset; 56 bytes per sample
+    of dense features and label (26 sparse and 13 dense features)."""
+    if horizon == 0:
+        return 0
+    return ids * 8 + horizon * batch * (26 * (16 + 8 + 8) + 4 * 14)
+
+
+def bound_bytes(budget: int, ids: int, baseline: int, dense: int, horizon: int = 0) -> int:
     """Budget + bookkeeping: the process's baseline, the directory, the dense model, a checkpoint's working set,
-    and 64 MiB of per-batch scratch and allocator slack."""
-    return budget + ids * DIRECTORY_BYTES_PER_ID + baseline + dense + CHECKPOINT_CHUNKS * CHUNK_BYTES + (64 << 20)
+    64 MiB of per-batch scratch and allocator slack, and ``horizon`` bytes (:func:`horizon_bytes`)."""
+    return budget + ids * DIRECTORY_BYTES_PER_ID + baseline + dense + CHECKPOINT_CHUNKS * CHUNK_BYTES + (64 << 20) + horizon
 
 
 def _train(run: Path, overrides: list[str], resume: bool = False, nproc: int = 1) -> tuple[dict, float]:
@@ -146,7 +155,9 @@ def report(rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fr
         s = json.loads((half_summary if stage == "tiered" else tiered / "summary.json").read_text())
         rates = [r for r in _rates(tiered, batch, after=after) if stage == "resumed" or r[0] <= steps // 2]
         r = {**_summary(s), "wall_s": float((work / f"{stage}.wall").read_text()), "rates": rates}
-        r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], 4 << 20)
+        r["horizon"] = s.get("store", {}).get("pipeline", {}).get("horizon", 0)
+        r["horizon_bytes"] = horizon_bytes(r["horizon"], batch, r["embedding_rows"])
+        r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], 4 << 20, r["horizon_bytes"])
         r["within_bound"] = r["peak_memory_bytes"] <= r["bound_bytes"]
         out[key] = r
     if (work / "two.wall").exists():

@@ -70,10 +70,11 @@ def _large_fast_tier() -> None:
     fast = FastTier(n, RecordLayout.of_tables([TableConfig(name="t", dim=1, features=["f"])]), "cpu")
     fast.slot_lid[fast.take(n)] = 0
     horizon = Horizon(2)
-    horizon.foresee(np.array([0]), at=2, step=1)
+    horizon.foresee(np.array([0]), np.zeros(1, dtype=np.int32), np.array([0]), at=2, step=1)
     for policy in CachePolicy:  # LFU's scores are float32 counts, LRU's int32 steps; with a horizon, float64
         for h in (Horizon(0), horizon):
             Eviction(policy, h).choose(fast, Directory(cache_slots=n + 1), clock=1, wanted=64, step=1)
+    horizon.ranked(np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.int64), step=1)  # the rows leaving: by lid
     horizon.advance(2)
 
 

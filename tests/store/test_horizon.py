@@ -54,6 +54,17 @@ def test_next_uses_are_those_of_a_plain_search_whenever_batches_were_foreseen(le
     assert not h.active
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_row_made_after_its_uses_were_foreseen_counts_them_only_when_exact(exact: bool) -> None:
+    h = Horizon(4, exact=exact)
+    zero = np.zeros(1, dtype=np.int32)
+    h.foresee(np.array([7]), zero, np.array([-1]), step=0)  # step 1: id 7 has no row yet
+    h.foresee(np.array([7]), zero, np.array([-1]), step=0)  # step 2: nor here
+    h.advance(1)
+    h.resolve(np.array([7]), zero, np.array([3]), step=1)  # lookup 1 makes its row, lid 3
+    assert h.next_use(np.array([3]), step=1).tolist() == ([2] if exact else [0])
+
+
 def test_ranked_puts_rows_used_soon_above_all_and_clear_forgets_them() -> None:
     h = Horizon(4)
     zero = np.zeros(1, dtype=np.int32)

@@ -146,7 +146,9 @@ class TierStore:
             else None
         )
         self.admission = Admission(spec, seed)  # which new ids get a row
-        self.horizon = Horizon(spec.horizon)  # when rows are next used, from the ids of upcoming batches
+        # when rows are next used, from the ids of upcoming batches; kept independent of when batches were
+        # foreseen only where placement changes numbers (a lossy cold codec: resume and every path agree)
+        self.horizon = Horizon(spec.horizon, exact=lossy)
         self.eviction = Eviction(spec.cache_policy, self.horizon)  # which rows leave the fast tier
         self.counters = np.zeros((layout.n_spaces, len(Counter)), dtype=np.int64)  # [n_tables, n_counters]
         self.clock = 0  # lookups so far (training and evaluation)

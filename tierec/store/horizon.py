@@ -6,9 +6,10 @@ few batches a read-ahead window holds). The store keeps, per row (lid), the
 training lookup that next uses it, and eviction ranks by it: a row used inside
 the horizon stays in memory before any row that is not (the sooner its next
 use, the later it leaves), and rows not used inside it leave by their access
-counts, as without a horizon. Simulated on the disk benchmark's trace
-(benchmarks/tiers_sim.py: ``windowed``), 64 batches of ids bring the rows read
-from disk within 1.2x of Belady's minimum, where 4 leave them at 1.5-1.7x.
+counts, as without a horizon. On the disk benchmark's trace 128 batches bring
+the rows read from disk to 1.10x (int8 cold rows) and 1.22x (fp32) of Belady's
+minimum, from 1.55x and 1.71x without (docs/performance.md, "Tables beyond
+memory").
 
 Bookkeeping: each foreseen batch keeps its rows (lids) and, per row, the
 batch after it inside the horizon that uses the row again (``follow``; linked
@@ -23,7 +24,9 @@ whatever was foreseen beyond them (the pipeline foresees step ``s + K``
 before it hands out batch ``s``), and ids that had no row when foreseen
 keep their entries until a lookup makes their row (``resolve``), so the
 ranking depends on the batches and the rows there are, never on when a
-batch was foreseen.
+batch was foreseen. That is kept only where numbers depend on placement
+(``exact``: a lossy cold codec); with fp32 cold rows it would cost more than
+it is worth (a pass over those entries per lookup).
 
 >>> import numpy as np
 >>> def ids(*x): return np.array(x), np.zeros(len(x), dtype=np.int32)  # (keys, tables) of a batch
@@ -125,10 +128,16 @@ def _ranked(score, slot_lid, next_at, step, until, out):
 class Horizon:
     """Next uses of a store's rows from the ids of up to ``length`` upcoming training batches (see the module)."""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, exact: bool = True) -> None:
+        """``exact``: keep the entries of ids without a row until a lookup makes it (what makes the ranking
+        independent of when batches were foreseen; it costs a pass over those entries per lookup that
+        makes rows, measured about 40 ms a step with 21M ids). A store whose numbers do not depend on where
+        rows are (fp32 cold rows) leaves them out: their next uses count once a batch foreseen after the
+        row was made names it."""
         if length < 0:
             raise ValueError("the horizon's length must be >= 0")
         self.length = length
+        self.exact = exact
         self.next_at = np.zeros(0, dtype=np.int32)  # [lids] the training step that next uses each row; 0: none foreseen
         self.last_pos = np.zeros(0, dtype=np.int32)  # [lids] the entry of its latest foreseen use
         # per entry (an id of a foreseen batch): its row (-1: none yet), its step, and the step
@@ -193,7 +202,7 @@ class Horizon:
         self.e_lid[base : base + n] = lids
         self.e_at[base : base + n] = at
         _foresee(self.e_lid, np.int32(at), np.int32(step), self.next_at, self.last_pos, self.follow, base, n)
-        unknown = np.flatnonzero(lids < 0)
+        unknown = np.flatnonzero(lids < 0) if self.exact else np.empty(0, dtype=np.int64)
         if unknown.size:
             self.u_pos = np.concatenate([self.u_pos, base + unknown])
             self.u_key = np.concatenate([self.u_key, keys[unknown].astype(np.int64, copy=False)])
@@ -256,6 +265,8 @@ class Horizon:
         if hit.size == 0:
             return
         live[hit] = -1  # a view: written through
+        if not self.exact:
+            return
         src = order[where[hit]]
         pos = np.concatenate([self.u_pos, first + hit])
         key = np.concatenate([self.u_key, keys[src].astype(np.int64, copy=False)])
@@ -279,6 +290,5 @@ class Horizon:
         """``score`` [n] (float64) of rows ``lids`` (-1: none) with rows used inside the horizon above all others,
         the sooner the higher: what eviction ranks by (the lowest leave first)."""
         out = np.empty(score.shape[0], dtype=np.float64)
-        _ranked(score, np.ascontiguousarray(lids, dtype=np.int64), self.next_at, np.int32(step),
-                np.int32(step + self.length), out)
+        _ranked(score, lids, self.next_at, np.int32(step), np.int32(step + self.length), out)
         return out

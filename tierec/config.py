@@ -312,10 +312,10 @@ class StoreConfig:
     # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
     lookup_ahead: bool = True
     # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.
-    # 128 measured:
-    # 1.1-1.6x the samples/s of none at 4x and 16x, disk reads 1.10x (int8) / 1.22x (fp32) of Belady's
-    # minimum against 1.55x / 1.71x (docs/performance.md)
-    horizon: int = 128
+    # 128 on a fixed table 4x and 16x its budget: 1.1-1.6x the samples/s of none, disk reads 1.10x (int8) /
+    # 1.22x (fp32) of Belady's minimum against 1.55x / 1.71x; on a stream of new ids (21M) slower in wall time,
+    # hence off by default (docs/performance.md)
+    horizon: int = 0
     tables: list[StoreTableConfig] = field(default_factory=list)  # per-table stores ([[store.tables]] name = ..., memory_budget, ...)
 
     def __post_init__(self) -> None:

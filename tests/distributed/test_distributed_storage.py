@@ -156,10 +156,10 @@ def test_tiered_trainer_with_prefetch_and_hot_rows_on_2_and_4_matches_one_proces
         (tmp_path / d).mkdir()
 
     def tiers(w: int) -> list[str]:
-        # on 4 processes without the horizon (store.horizon): its rows used soon stay in memory, and rank 0
-        # then reads nothing ahead on 2; fp32 rows, so it changes no number either way
+        # on 2 processes with a horizon (store.horizon): its rows used soon stay in memory, and rank 0 then
+        # reads nothing ahead; on 4 without one; fp32 rows, so it changes no number either way
         return over + [f"store.cache_size={48 // w}KiB", f"store.disk_path={tmp_path / f'd{w}'}"] \
-            + ["store.horizon=0"] * (w == 4)
+            + ["store.horizon=128"] * (w == 2)
 
     Trainer(load_config(None, tiers(1)), tmp_path / "one").fit()
     for w in (2, 4):

@@ -14,10 +14,11 @@ def test_disk_benchmark_runs(tmp_path) -> None:
     assert main(args) == 0
     res = json.loads(out.read_text())["disk"]
     modes = {r["mode"]: r for r in res["runs"]}
-    assert set(modes) == {"memory", "disk", "disk+prefetch4", "disk+prefetch4+ahead"}
+    assert set(modes) == {"memory", "disk", "disk+prefetch4+ahead", "disk+prefetch4+ahead+horizon128"}
     assert modes["disk"]["disk_read_rows_per_step"] > 0  # the table really is read from disk
     assert modes["disk"]["table_bytes"] >= 3.9 * modes["disk"]["budget_bytes"]
     assert "disk+prefetch4+ahead/memory throughput (paired)" in res["ratios"]
+    assert "disk+prefetch4+ahead+horizon128/memory throughput (paired)" in res["ratios"]
 
 
 def test_disk_benchmark_runs_with_compact_cold_rows(tmp_path) -> None:

@@ -29,6 +29,7 @@ are reused from a free list, so they stay dense without compaction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -58,7 +59,8 @@ class TieredChunkPool:
         store's in store statistics."""
         self.chunk = chunk
         self.dim_state = dict(dim_state)
-        self.store = TierStore(RecordLayout.chunks(name, chunk, self.dim_state), spec, seed=seed)
+        # no horizon: the chunk store's lookups are not one per batch (ChunkReadAhead.foresee)
+        self.store = TierStore(RecordLayout.chunks(name, chunk, self.dim_state), replace(spec, horizon=0), seed=seed)
         self.importance = np.zeros(0, dtype=np.float32)  # [P] per chunk number, in RAM
         self._free = np.zeros(0, dtype=np.int64)  # stack of free chunk numbers, the top at the end
         self._n_free = 0

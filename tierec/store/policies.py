@@ -81,21 +81,18 @@ class HotnessPass:
     def demote_colder(self, incoming: np.ndarray, need: int, step: int = 0) -> None:
         """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts, or
         their ranks with a horizon) by moving host rows that are colder than they are to disk, the coldest
-        first: of the ``need`` coldest by count, those the horizon's batches do not use (``step``: the
-        training lookups so far; measured on benchmarks.tiers --which oracle: fewer disk reads than taking
-        more candidates past them, or demoting them by farthest next use as the incoming rows are
-        ranked). Without it a host
-        tier filled once (by a load, or early in a run) keeps rows that are never used again while hotter
-        rows go to disk."""
+        first. Without it a host tier filled once (by a load, or early in a run) keeps rows that are never
+        used again while hotter rows go to disk. With a horizon (``step``: the training lookups so far), of
+        the ``need`` coldest host rows those its batches use stay (measured on ``benchmarks.tiers --which
+        oracle``: fewer disk reads than looking past them for more, or demoting them by farthest next use)."""
         d = self.index
-        cand = self._cold_candidates(need)[:need]
+        cand = self._cold_candidates(need)
         if self.horizon.active and cand.size:
             cand = cand[self.horizon.next_use(cand, step) == 0]
-        cold = d.freq[cand]
         if cand.size == 0:
             return
         hot = np.sort(incoming)[::-1][: cand.size]
-        n = int(np.count_nonzero(hot > cold))  # both sorted: a prefix
+        n = int(np.count_nonzero(hot > d.freq[cand]))  # both sorted: a prefix
         if n == 0:
             return
         down = cand[:n]
@@ -108,19 +105,18 @@ class HotnessPass:
         self.moves.count(Counter.DEMOTED, d.tabs[down])
 
     def _cold_candidates(self, need: int) -> np.ndarray:
-        """Rows still homed on host away from the fast tier, coldest first: what is left of a ranking of the
-        coldest eighth of the host rows (``need`` at least) made once per hotness pass (a pass over every row)."""
+        """Up to ``need`` rows still homed on host away from the fast tier, coldest first, from a ranking of
+        the coldest host rows made once per hotness pass (a pass over every row); rows that left the host
+        since drop out of it."""
         d = self.index
         for _ in range(2):
-            if self._cold_host is None:
+            fresh = self._cold_host is None
+            if fresh:
                 self._cold_host = self._extreme(max(self.host.max_rows // 8, need), LOC_HOST, hottest=False)
-                fresh = True
-            else:
-                fresh = False
             ok = self._cold_host[d.away_in(self._cold_host, LOC_HOST)]
             if ok.size or fresh:
                 self._cold_host = ok
-                return ok
+                return ok[:need]
             self._cold_host = None  # used up since the last pass: rank again
         return np.empty(0, dtype=np.int64)
 

@@ -160,10 +160,9 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
 
     counter = WireCounter().install()
     if variant.get("threads"):
-        import numba
+        from tierec.threads import use_threads
 
-        torch.set_num_threads(variant["threads"])
-        numba.set_num_threads(variant["threads"])
+        use_threads(variant["threads"])
     cfg = load_config(None, _overrides(a) + variant.get("set", []))
     source = open_source(cfg.data, "train", cfg.train.batch_size)
     batches = list(islice(iter(source), a["warmup"] + a["steps"] + 1))

@@ -21,12 +21,12 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numba  # noqa: E402
-import torch  # noqa: E402
 
 from benchmarks.workload import Workload, make_batches, upstream_grad  # noqa: E402
 from tierec.batch import SparseFeatures  # noqa: E402
 from tierec.config import OptimizerConfig, OptimizerKind  # noqa: E402
 from tierec.embedding import EmbeddingCollection, TableConfig  # noqa: E402
+from tierec.threads import use_threads  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     if a.threads:
-        torch.set_num_threads(a.threads)
-        numba.set_num_threads(a.threads)
+        use_threads(a.threads)
     w = Workload(tables=a.tables, rows=a.rows, dim=a.dim, batch=a.batch, zipf=a.zipf, steps=a.steps)
     names = w.feature_names()
     sps = [SparseFeatures(tuple(names), b.keys, b.offsets, w.batch) for b in make_batches(w)]

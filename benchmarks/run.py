@@ -111,11 +111,9 @@ def _cpu_model() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.threads:
-        import numba
-        import torch
+        from tierec.threads import use_threads
 
-        torch.set_num_threads(args.threads)
-        numba.set_num_threads(args.threads)
+        use_threads(args.threads)
     if not args.no_keep_heap:
         from tierec.train.allocator import keep_heap
 

@@ -447,10 +447,9 @@ def _print(res: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if a.threads:
-        import numba
+        from tierec.threads import use_threads
 
-        torch.set_num_threads(a.threads)
-        numba.set_num_threads(a.threads)
+        use_threads(a.threads)
     res: dict = {"argv": argv if argv is not None else sys.argv[1:], "loadavg_start": os.getloadavg(), "cpus": os.cpu_count()}
     if a.which in ("hitrate", "all"):
         res["hitrate"] = run_hitrate(a)

@@ -14,6 +14,7 @@ from tierec.data import open_source
 from tierec.distributed.job import Job
 from tierec.train.components import Components
 from tierec.train.pipeline import TrainPipeline
+from tierec.threads import use_threads
 from tierec.train.trainer import Trainer
 
 BASE = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=512",
@@ -37,9 +38,21 @@ def _rows(parts: Components) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.fixture
+def two_torch_threads():
+    """torch on 2 threads, where the dense step's rounding may depend on its thread count."""
+    before = torch.get_num_threads()
+    use_threads(2)
+    yield
+    use_threads(before)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path, precision: str) -> None:
+def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
+    tmp_path: Path, precision: str, two_torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runs = {}
+    dense_threads: dict[str, list[int]] = {}  # torch's threads in each dense forward: its rounding depends on them
     for how in ("sequential", "ahead"):
         cfg = load_config(None, BASE + _tiers(tmp_path / how, precision))
         source = open_source(cfg.data, "train", cfg.train.batch_size)
@@ -53,6 +66,13 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path
             return look(keys, tabs)
 
         group.lookup_ahead = counted
+        dense, seen = parts.dense, dense_threads.setdefault(how, [])
+
+        def counted_dense(*args, dense=dense, seen=seen):
+            seen.append(torch.get_num_threads())
+            return dense(*args)
+
+        monkeypatch.setattr(parts, "dense", counted_dense)
         batches = list(islice(iter(source), 13))
         with TrainPipeline(parts, Job(cfg), cfg) as pipe:
             assert pipe.ahead is not None and pipe.ahead.bring_up
@@ -65,6 +85,7 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(tmp_path: Path
             assert sum(s["disk_read_rows"] for s in stats.values()) > 0
             assert sum(s["evicted"] for s in stats.values()) > 0
         group.close()
+    assert dense_threads["ahead"] == dense_threads["sequential"] == [2] * 12
     (la, ra, sa), (lb, rb, sb) = runs["sequential"], runs["ahead"]
     assert la == lb
     assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)

@@ -28,13 +28,13 @@ import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import numba
 import torch
 import torch.distributed as dist
 
 from tierec.config import DistConfig
 from tierec.distributed.backends import Backends
 from tierec.distributed.mesh_shape import check_mesh
+from tierec.threads import use_threads
 
 
 STORE_ENV = "TIEREC_STORE"  # "launcher": the store at MASTER_ADDR:MASTER_PORT is the `--nproc N` launcher's
@@ -122,8 +122,7 @@ def init_distributed(cfg: DistConfig, device: str = "cpu", *, threads: int = 0) 
     sparse = dist.new_group(backend=backends.ids, timeout=timeout)
     rows = dist.new_group(backend=backends.rows, timeout=timeout) if backends.rows != backends.ids else None
     n = threads or max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(n)
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    use_threads(n)
     return DistContext(
         rank=rank,
         world_size=world,

@@ -153,8 +153,9 @@ def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, fo
     with ``follow`` (a run directory), take up what that run publishes, looking every ``poll_s`` seconds.
     ``threads``: torch's intra-op threads for the dense program."""
     _require_extra()
-    import torch
     import uvicorn
+
+    from tierec.threads import use_threads
 
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {port}")
@@ -162,7 +163,7 @@ def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, fo
         raise ConfigError(f"--poll must be a positive number of seconds, got {poll_s}")
     if threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)
+    use_threads(threads)
     with contextlib.ExitStack() as stack:
         scorer = Scorer.load(path)
         follower = None

@@ -14,8 +14,9 @@ For batch ``t`` the stages are:
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
    with the evictions and write-backs it needs; its dedupe and probe are the
    window's, done once for the window's batches) on stage 2's thread during batch
-   ``t``'s step (one process, ``store.lookup_ahead``; the dense step then runs on
-   one torch thread fewer, leaving that lookup a core), except where the caller
+   ``t``'s step (one process, ``store.lookup_ahead``; the step's row update then runs on
+   one numba thread fewer, the dense step on all of torch's: its rounding
+   depends on them), except where the caller
    says the tables are used between the two steps (``run``'s ``quiet``: a
    checkpoint, an evaluation, the end); or send batch ``t + 1``'s ids to their
    owner ranks (several processes with ``dist.overlap``: each sharded
@@ -53,7 +54,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numba
-import torch
 import torch.nn.functional as F
 
 from tierec.batch import Batch, with_next
@@ -131,14 +131,13 @@ class TrainPipeline:
         if self.ahead is not None:  # stage 2 (one process): this batch's dedupe and probe, or its lookup
             prepared = PreparedBatch(embeddings=self.ahead.take(local.sparse))
         emb, wide = parts.embed(local, prepared)
-        narrowed: tuple[int, int] | None = None  # (torch, numba) threads to give back after the step
+        narrowed: int | None = None  # numba threads to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
-            threads = torch.get_num_threads()
-            if self.ahead.bring_up and threads > 1:  # a core for the lookup running beside the dense step
-                narrowed = (threads, numba.get_num_threads())
-                torch.set_num_threads(threads - 1)
-                numba.set_num_threads(max(narrowed[1] - 1, 1))
+            threads = numba.get_num_threads()
+            if self.ahead.bring_up and threads > 1:  # the step's row update leaves the lookup beside it a core
+                narrowed = threads
+                numba.set_num_threads(threads - 1)
         try:
             logits = parts.dense(local, emb, wide)
             loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
@@ -148,8 +147,7 @@ class TrainPipeline:
             parts.optimizer.step()
         finally:
             if narrowed is not None:
-                torch.set_num_threads(narrowed[0])
-                numba.set_num_threads(narrowed[1])
+                numba.set_num_threads(narrowed)
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
 

@@ -62,6 +62,7 @@ from tierec.train.state import (
 )
 from tierec.train.stopping import GracefulStop, Interrupted, TrainingDiverged
 from tierec.train.tensorboard import TensorBoardSink
+from tierec.threads import use_threads
 from tierec.version import tierec_version
 from tomli_w import dumps as dump_toml
 
@@ -179,7 +180,7 @@ class Trainer:
                 self._stopped_waiting()
             self.cfg = cfg = resolved
         if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+            use_threads(cfg.train.threads)
         keep_heap()  # reuse freed activation buffers instead of page-faulting them in every step
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.is_main:

@@ -231,6 +231,17 @@ def _rebuild(lid_keys, lid_tabs, high, slots):
 
 
 @nb.njit(cache=True, nogil=True)
+def _rows_by_loc(tier, tabs, pos, c_loc, high, out):
+    """out[loc, table] += known rows homed in ``loc`` (a resident row's home is its slot's ``c_loc``): one pass."""
+    for r in range(high):
+        t = tabs[r]
+        if t < 0:
+            continue
+        b = tier[r]
+        out[c_loc[pos[r]] if b & _RESIDENT else b & 3, t] += 1
+
+
+@nb.njit(cache=True, nogil=True)
 def _extreme_away(tier, tabs, fq, high, loc, k, hottest, out):
     """lids of the ``k`` rows away from the fast tier (homed in ``loc``; -1: anywhere) with the highest
     (``hottest``) or lowest quantised counts, in that order, ties by lid: a histogram pass, then a
@@ -577,13 +588,11 @@ class Directory:
         return out[:n]
 
     def rows_by_loc(self, n_tables: int) -> dict[int, np.ndarray]:
-        """Rows per table [n_tables] of each home tier (``LOC_*``), a span at a time."""
-        out = {loc: np.zeros(n_tables, dtype=np.int64) for loc in (LOC_NONE, LOC_HOST, LOC_DISK)}
-        for lids in self.live_spans():
-            loc, tabs = self.loc[lids], self.tabs[lids]
-            for k, v in out.items():
-                v += np.bincount(tabs[loc == k], minlength=n_tables)
-        return out
+        """Rows per table [n_tables] of each home tier (``LOC_*``): one pass over the lids, no scratch (at 21M
+        ids the run's metrics records took about 0.1 s each, under the store's lock, with a span-wise bincount)."""
+        out = np.zeros((3, n_tables), dtype=np.int64)
+        _rows_by_loc(self.tier, self.tabs, self.pos, self.c_loc, self.high, out)
+        return {loc: out[loc] for loc in (LOC_NONE, LOC_HOST, LOC_DISK)}
 
     def of_table(self, table: int) -> np.ndarray:
         """lids of one table's rows, ordered by id."""

@@ -153,3 +153,25 @@ def test_the_command_line_sets_the_wait_policy_before_openmp_starts(given, spins
         pytest.skip("torch's OpenMP is not GNU OpenMP: nothing shows its wait policy")
     assert shown[0].split("=")[1].strip().strip("'") == spins
     assert "Invalid value" not in done.stderr
+
+
+@pytest.mark.parametrize("every", [4, 5])
+def test_a_last_step_that_checkpointed_is_not_saved_again(tmp_path: Path, every: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 steps: a checkpoint every 4 saves steps 4, 8 and 12 once each (the end, after the test evaluation,
+    does not save step 12 again); every 5, the end saves step 12."""
+    import tierec.train.trainer as trainer_module
+
+    saved: list[int] = []
+    real = trainer_module.save_checkpoint
+
+    def counted(ckpt_dir, step, *args, **kwargs):
+        saved.append(step)
+        return real(ckpt_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", counted)
+    out = Trainer(load_config(None, SMALL + [f"train.checkpoint_every={every}"]), tmp_path / "run").fit()
+    assert out["steps"] == 12
+    assert saved == ([4, 8, 12] if every == 4 else [5, 10, 12])
+    _, meta = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert meta["position"]["step"] == 12

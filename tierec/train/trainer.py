@@ -151,6 +151,7 @@ class Trainer:
         self.echo = echo if self.is_main else quiet
         self._validated_at = -1  # step of the latest validation
         self._published: tuple[int, int] | None = None  # (full checkpoint, last publication): what a delta follows
+        self._saved_at: dict[str, Any] | None = None  # the position of the latest full checkpoint
         self.stop: GracefulStop | None = None  # set by the caller to stop cleanly on SIGINT / SIGTERM
         self._pipe: TrainPipeline | None = None
         self._data: Dataset | None = None  # the training data, opened once by the loop
@@ -307,13 +308,15 @@ class Trainer:
             self.job.settle()
             parts.pruner.step()  # the evaluated and saved model meets the budget too
             self._log_prune(parts, log, pos, None)
+            self._saved_at = None  # the rows changed since
 
         # 3. save; keep the best by validation AUC; evaluate test on it
         best: dict[str, Any] = {}
         result = None
         if eval_split != "validation" and (not cfg.data.follow or cfg.data.test_source):  # (evaluate, then save)
             result = self._eval(parts, log, pos, None, "test")
-        self._save_full(parts, ckpt_dir, pos)
+        if self._saved_at != vars(pos):  # not saved at this very point already (a last step that checkpointed)
+            self._save_full(parts, ckpt_dir, pos)
         if eval_split == "validation":
             if self._validated_at != pos.step:  # (an early stop has just evaluated this step)
                 self._track_best(parts, self._eval(parts, log, pos, None, "validation"), pos, "validation")
@@ -479,6 +482,7 @@ class Trainer:
     def _save_full(self, parts: Components, ckpt_dir: Path, pos: Position) -> None:
         """A full checkpoint of the run (not checkpoints/best): the base of the deltas that follow."""
         self._save(parts, ckpt_dir, pos)
+        self._saved_at = dict(vars(pos))
         if self.cfg.train.delta_every:
             mark_changes(parts)
             self._published = (pos.step, pos.step)

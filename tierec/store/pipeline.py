@@ -129,7 +129,9 @@ class StorePipeline:
         self.smallest_window = depth
         self._dropped = 0  # rows the windows could not hold, so far
         self._dedupe = Deduper()
-        self.foresee_s = 0.0  # showing the stores the ids of the horizon's batches
+        # showing the stores the ids of the horizon's batches, waits included: a store looking up the next batch
+        # ahead holds its lock meanwhile (the step would wait for that lookup anyway)
+        self.foresee_s = 0.0
 
     def stats(self) -> dict[str, float]:
         st = [t.group.staging.stats for t in self.targets]

@@ -134,10 +134,9 @@ class TrainPipeline:
         narrowed: int | None = None  # numba threads to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
-            threads = numba.get_num_threads()
-            if self.ahead.bring_up and threads > 1:  # the step's row update leaves the lookup beside it a core
-                narrowed = threads
-                numba.set_num_threads(threads - 1)
+            if self.ahead.bring_up and numba.get_num_threads() > 1:  # the step's row update leaves the lookup a core
+                narrowed = numba.get_num_threads()
+                numba.set_num_threads(narrowed - 1)
         try:
             logits = parts.dense(local, emb, wide)
             loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")

@@ -184,6 +184,39 @@ def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
     d.close()
 
 
+@pytest.mark.parametrize("max_ratio", [2.0, 1.25])
+def test_disk_tier_compaction_keeps_the_file_near_its_live_records(tmp_path, max_ratio) -> None:
+    """Rows die all over the file (no segment empties by itself): one compaction brings the segments in use
+    down to ``max_ratio`` slots per live record, however many segments that takes, and moves no value."""
+    d = DiskTier(str(tmp_path), width=2, segment_rows=8, max_ratio=max_ratio)
+    g = np.random.default_rng(3)
+    n = 8 * 20
+    recs = g.standard_normal((n, 2)).astype(np.float32)
+    slots = d.append(np.arange(n), recs)
+    dead = np.zeros(n, dtype=bool)
+    for seg in range(20):  # 5 of each segment's 8 records die
+        dead[seg * 8 + g.choice(8, 5, replace=False)] = True
+    d.free(slots[dead])
+    assert d.garbage_ratio() > 2.5
+    moved_lids, moved_slots = d.compact()
+    assert d.garbage_ratio() <= max_ratio
+    where = dict(zip(np.flatnonzero(~dead).tolist(), slots[~dead].tolist()))
+    where.update(zip(moved_lids.tolist(), moved_slots.tolist()))
+    live = np.array(sorted(where))
+    assert np.array_equal(d.read(np.array([where[k] for k in live]), lids=live), recs[live])
+    assert d.live_rows == live.size
+    d.close()
+
+
+def test_disk_tier_compaction_stops_where_moving_wins_nothing(tmp_path) -> None:
+    """Two and a half full segments are already as compact as segments go: nothing moves."""
+    d = DiskTier(str(tmp_path), width=1, segment_rows=8, max_ratio=1.05)
+    d.append(np.arange(20), np.zeros((20, 1), dtype=np.float32))
+    assert d.garbage_ratio() > 1.05
+    assert d.compact()[0].size == 0
+    d.close()
+
+
 def test_count_min_sketch_never_undercounts() -> None:
     g = np.random.default_rng(2)
     s = CountMinSketch(width=64, depth=3, seed=0)

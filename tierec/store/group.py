@@ -141,6 +141,7 @@ class TierStore:
                 io_threads=spec.io_threads,
                 drop_cache=spec.drop_page_cache,
                 segment_rows=spec.disk_segment_rows,
+                max_ratio=spec.disk_max_ratio,
             )
             if spec.disk_dir
             else None

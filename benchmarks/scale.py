@@ -115,7 +115,11 @@ def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch:
         (work / "memory.wall").write_text(f"{wall}\n")
         return
     # the table's bytes of rows (weights + Adagrad state) decide the budget: the memory run counts the ids
-    ids = json.loads((work / "memory" / "summary.json").read_text())["embedding_rows"]
+    summary = work / "memory" / "summary.json"
+    if not summary.exists():
+        raise SystemExit(f"benchmarks.scale: stage {stage} needs the memory stage's {summary} (its ids set the budget): "
+                         f"run --stage memory with the same --work first")
+    ids = json.loads(summary.read_text())["embedding_rows"]
     budget = int(budget_fraction * ids * 4 * (dim + 1))
     def store(b: int, where: str) -> list[str]:
         return ["store.enabled=true", f"store.memory_budget={b}", f"store.cache_size={b // 2}", f"store.disk_path={where}",

@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
     p.add_argument("--modes", default="memory,disk,disk+prefetch4+ahead,disk+prefetch4+ahead+horizon128",
                    help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead; "
-                        "+horizonN: store.horizon, else 0)")
+                        "+horizonN: store.horizon, else 0; +cacheF: the fast tier F of the budget, else --cache-frac)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],
@@ -167,6 +167,19 @@ def _horizon(mode: str) -> int:
     return int(mode.split("+horizon")[1].split("+")[0])
 
 
+def _cache_frac(mode: str, default: float) -> float:
+    """The fast tier's share of the budget in a mode: "disk+prefetch4+cache0.75" -> 0.75, none -> ``default``.
+
+    >>> _cache_frac("disk+prefetch4+ahead+horizon128+cache0.75", 0.5), _cache_frac("disk+prefetch4", 0.5)
+    (0.75, 0.5)
+    >>> _horizon("disk+prefetch4+ahead+horizon128+cache0.75"), _depth("disk+prefetch4+ahead+horizon128+cache0.75")
+    (128, 4)
+    """
+    if "+cache" not in mode:
+        return default
+    return float(mode.split("+cache")[1].split("+")[0])
+
+
 def _depth(mode: str) -> int:
     """Batches per read-ahead window of a mode: "disk+prefetch4+ahead" -> 4, "disk+prefetch" -> 1."""
     if "+prefetch" not in mode:
@@ -195,7 +208,7 @@ class Runner:
             over += [
                 "store.enabled=true",
                 f"store.memory_budget={self.budget}",
-                f"store.cache_size={int(self.budget * a.cache_frac)}",
+                f"store.cache_size={int(self.budget * _cache_frac(mode, a.cache_frac))}",  # "+cacheF": F of the budget
                 f"store.disk_path={disk_dir}",
                 f"store.io_threads={a.io_threads}",
                 f"store.cold_precision={a.cold_precision}",

@@ -93,8 +93,6 @@ class TierSpec:
             raise ConfigError("store.sketch_width must be a power of two >= 16")
         if self.in_flight not in (1, 2):
             raise ConfigError("a tiered store keeps the rows of 1 or 2 lookups pinned")
-        if not self.disk_max_ratio > 1.0:
-            raise ConfigError(f"the disk tier's compaction ratio must be above 1, got {self.disk_max_ratio}")
         if self.sketch_depth < 1 or self.io_threads < 1 or self.disk_segment_rows < 1:
             raise ConfigError("store.sketch_depth, io_threads and disk_segment_rows must be >= 1")
 

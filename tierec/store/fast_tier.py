@@ -25,35 +25,15 @@ may leave (``evictable``); which of them leave, and where to, is the group's
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 import torch
 
 from tierec.device import copy_to
 from tierec.embedding.layout import RecordLayout
 from tierec.store import hotness
+from tierec.store.rowcopy import put_rows, take_rows
 
 ZERO_SLOT = 0
-
-
-@nb.njit(cache=True, nogil=True)
-def _gather_cols(src, slots, out, col):
-    """out[i, col:col+w] = src[slots[i]] for a [C, w] array of the fast tier."""
-    w = src.shape[1]
-    for i in range(slots.shape[0]):
-        r = slots[i]
-        for j in range(w):
-            out[i, col + j] = src[r, j]
-
-
-@nb.njit(cache=True, nogil=True)
-def _scatter_cols(dst, slots, rec, col):
-    """dst[slots[i]] = rec[i, col:col+w]."""
-    w = dst.shape[1]
-    for i in range(slots.shape[0]):
-        r = slots[i]
-        for j in range(w):
-            dst[r, j] = rec[i, col + j]
 
 
 class FastTier:
@@ -140,7 +120,7 @@ class FastTier:
         if self.device.type == "cpu":
             out = np.empty((slots.size, self.record_width), dtype=np.float32)
             for arr, col in self.columns():
-                _gather_cols(arr, slots, out, col)
+                take_rows(arr, slots, out, col)
             return out
         if slots.size == 0:
             return np.empty((0, self.record_width), dtype=np.float32)
@@ -154,7 +134,7 @@ class FastTier:
         if self.device.type == "cpu":
             rec = np.ascontiguousarray(records, dtype=np.float32)
             for arr, col in self.columns():
-                _scatter_cols(arr, slots, rec, col)
+                put_rows(arr, slots, rec, col)
             return
         idx = torch.from_numpy(slots).to(self.device)
         rec = copy_to(torch.from_numpy(np.ascontiguousarray(records)), self.device)  # through pinned memory

@@ -94,6 +94,7 @@ from tierec.store.horizon import Horizon
 from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
+from tierec.store.rowcopy import gather_rows
 from tierec.store.staging import BatchIds, Resolved, Staging, WindowIds
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
@@ -447,7 +448,7 @@ class TierStore:
             n_host = lids.size if free is None else min(free, lids.size)
             if n_host < lids.size:  # hottest rows to host
                 order = np.argsort(-freq, kind="stable")
-                lids, records = lids[order], records[order]
+                lids, records = lids[order], gather_rows(records, order)
             if n_host:
                 hs = self.host.alloc(n_host)
                 self.host.write(hs, records[:n_host])

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tierec.store.rowcopy import gather_rows, scatter_rows
+
 
 class HostTier:
     def __init__(self, width: int, max_rows: int | None) -> None:
@@ -74,7 +76,7 @@ class HostTier:
         self.used -= n
 
     def read(self, slots: np.ndarray) -> np.ndarray:  # [n, W]
-        return self.data[slots]
+        return gather_rows(self.data, slots)
 
-    def write(self, slots: np.ndarray, records: np.ndarray) -> None:
-        self.data[slots] = records
+    def write(self, slots: np.ndarray, records: np.ndarray) -> None:  # slots distinct
+        scatter_rows(self.data, slots, records)

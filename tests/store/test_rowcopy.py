@@ -36,3 +36,22 @@ def test_column_offsets_fill_a_record():
     put_rows(b2, rows[:3], out, 3)
     assert np.array_equal(a2[rows[:3]], a[rows[:3]]) and np.array_equal(b2[rows[:3]], b[rows[:3]])
     assert not a2[1:5].any()  # rows not named stay as they were
+
+
+def test_host_slots_come_sorted_whatever_was_freed():
+    from tierec.store.host import HostTier
+
+    rng = np.random.default_rng(1)
+    h = HostTier(width=2, max_rows=1_000)
+    held = list(h.alloc(600))
+    for _ in range(50):
+        rng.shuffle(held)
+        k = int(rng.integers(1, 200))
+        h.free(np.array(held[:k]))
+        if rng.random() < 0.5:  # a second batch freed on top: the stack's top is no longer one run
+            h.free(np.array(held[k : 2 * k]))
+            k *= 2
+        held = held[k:]
+        got = h.alloc(int(rng.integers(1, 300)))
+        assert np.array_equal(got, np.sort(got)) and len(set(got) & set(held)) == 0
+        held += list(got)

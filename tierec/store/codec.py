@@ -121,15 +121,17 @@ def _encode(bits, vals, keys, tabs, seed, step, f_cols, h_cols, q_cols, out_f, o
             continue
         # The finest grid 2**k whose steps from floor(lo) to ceil(hi) fit in a byte. A decoded row lies on
         # its grid within 255 steps, so it gets the same grid or a finer one and encodes to itself.
+        # (x * 2**-k is x / 2**k exactly: a power of two, and float32 values stay normal float64 either way)
         k = max(math.ceil(math.log2(span / _LEVELS)), _MIN_EXP)
-        while math.ceil(hi / math.ldexp(1.0, k)) - math.floor(lo / math.ldexp(1.0, k)) > _LEVELS:
+        while math.ceil(hi * math.ldexp(1.0, -k)) - math.floor(lo * math.ldexp(1.0, -k)) > _LEVELS:
             k += 1
         scale = math.ldexp(1.0, k)
-        bias = math.floor(lo / scale) * scale
+        inv = math.ldexp(1.0, -k)
+        bias = math.floor(lo * inv) * scale
         out_f[i, n_f] = np.float32(bias)
         out_f[i, n_f + 1] = np.float32(scale)
         for c in range(n_q):
-            t = (np.float64(vals[i, q_cols[c]]) - bias) / scale
+            t = (np.float64(vals[i, q_cols[c]]) - bias) * inv
             u = np.float64(mix64(h + np.uint64(c + 1 + 65536) * _GOLDEN) >> np.uint64(40)) * (1.0 / 16777216.0)
             q = math.floor(t + u)
             out_q[i, c] = np.uint8(min(max(q, 0), 255))

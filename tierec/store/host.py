@@ -61,6 +61,10 @@ class HostTier:
         out[reuse:] = np.arange(self.high, self.high + fresh)
         self.high += fresh
         self.used += n
+        top = out[:reuse]
+        if reuse < 2 or bool((top[1:] < top[:-1]).all()):  # one freed batch: pushed highest first
+            out[:reuse] = top[::-1].copy()
+            return out  # fresh slots lie above every slot handed out before
         return np.sort(out)
 
     def free(self, slots: np.ndarray) -> None:

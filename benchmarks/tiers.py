@@ -56,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
     p.add_argument("--modes", default="memory,disk,disk+prefetch4+ahead,disk+prefetch4+ahead+horizon128",
                    help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead; "
-                        "+horizonN: store.horizon, else 0; +cacheF: the fast tier F of the budget, else --cache-frac)")
+                        "+horizonN: store.horizon, else 0; +cacheF: the fast tier F of the budget, else --cache-frac; +stageF: the "
+                        "read-ahead windows F of it, the host tier the rest)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
     p.add_argument("--cold-precision", default="fp32", choices=["fp32", "bf16", "int8"],
@@ -180,6 +181,18 @@ def _cache_frac(mode: str, default: float) -> float:
     return float(mode.split("+cache")[1].split("+")[0])
 
 
+def _stage_frac(mode: str) -> float | None:
+    """The read-ahead windows' share of the budget in a mode ("+stage0.375"; the host tier gets the rest), or
+    None: the store's own default.
+
+    >>> _stage_frac("disk+prefetch4+ahead+horizon128+stage0.375"), _stage_frac("disk+prefetch4")
+    (0.375, None)
+    """
+    if "+stage" not in mode:
+        return None
+    return float(mode.split("+stage")[1].split("+")[0])
+
+
 def _depth(mode: str) -> int:
     """Batches per read-ahead window of a mode: "disk+prefetch4+ahead" -> 4, "disk+prefetch" -> 1."""
     if "+prefetch" not in mode:
@@ -216,6 +229,9 @@ class Runner:
                 f"store.prefetch_depth={_depth(mode)}",
                 f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
                 f"store.horizon={_horizon(mode)}",  # the ids of this many batches ahead rank eviction
+                # "+stageF": the windows F of the budget, the host tier what the fast tier and they leave
+                *([] if _stage_frac(mode) is None else
+                  [f"store.host_size={self.budget - int(self.budget * _cache_frac(mode, a.cache_frac)) - int(self.budget * _stage_frac(mode))}"]),
                 *a.store_set,
             ]
         cfg = load_config(None, over)

@@ -304,8 +304,8 @@ class StoreConfig:
     io_threads: int = 8  # concurrent disk reads
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
     # pipeline: read the next window's disk rows while this window computes (with a disk tier; a quarter of
-    # memory_budget holds them with fp32 cold rows, an eighth with compact ones). On by default: 1.35-1.4x the
-    # samples/s of reading on demand at 4x (docs/performance.md)
+    # memory_budget holds them with fp32 cold rows, an eighth with compact ones, 3/8 with compact ones and a
+    # horizon). On by default: 1.35-1.4x the samples/s of reading on demand at 4x (docs/performance.md)
     prefetch: bool = True
     prefetch_depth: int = 4  # batches per read-ahead window at most (4 measured best at 4x; fewer where they do not fit)
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)

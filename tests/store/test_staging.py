@@ -116,6 +116,11 @@ def test_the_budget_makes_room_for_the_windows() -> None:
     assert ahead.stage_bytes == 16 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20  # fp32: a quarter
     compact = spec("store.cold_precision=int8")
     assert compact.stage_bytes == 8 << 20 and compact.host_bytes == 40 << 20  # an eighth
+    foreseen = spec("store.cold_precision=int8", "store.horizon=16")  # compact rows with a horizon: 3/8
+    assert foreseen.stage_bytes == 24 << 20 and foreseen.host_bytes == 24 << 20
+    big_cache = spec("store.cold_precision=int8", "store.horizon=16", "store.cache_size=48MiB")  # 3/4 of the rest
+    assert big_cache.stage_bytes == 12 << 20 and big_cache.host_bytes == 4 << 20
+    assert spec("store.horizon=16").stage_bytes == 16 << 20  # fp32 rows: a quarter, horizon or not
     full = spec("store.host_size=48MiB")  # sizes that leave nothing: no reading ahead
     assert full.stage_bytes == 0 and full.host_bytes == 48 << 20
     partial = spec("store.host_size=40MiB")

@@ -38,14 +38,20 @@ from tierec.store.spec import TierSpec
 DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
-# store.prefetch: 1/stage_share() of the budget holds the disk records read ahead (two windows), or what
+# store.prefetch: stage_share() of the budget holds the disk records read ahead (two windows), or what
 # cache_size + host_size leave of it when both are given. fp32 records are 2.4x int8 ones at dim 16: an eighth
 # held a whole window of int8 rows at 4x (8,233 of 8,388 disk rows per step read ahead) but not of fp32 ones,
 # and a quarter gave fp32 1.14x the samples/s at 4x (0.223x -> 0.255x of memory) and 1.07x at 16x (0.112x ->
-# 0.120x, on demand 0.118x): docs/performance.md, 2026-11-27.
-def stage_share(cold_precision: str) -> int:
-    """The windows' records get 1/this of the budget: 4 with fp32 cold rows, 8 with bf16 or int8 ones."""
-    return 4 if cold_precision == "fp32" else 8
+# 0.120x, on demand 0.118x): docs/performance.md, 2026-11-27. With a horizon, compact rows' windows at 3/8
+# instead of 1/8 of the budget (the host tier gives it up) ran 1.27x as fast at 16x (37.0k -> 46.9k samples/s)
+# and the same at 4x (79.8k -> 75.9k, 1/4: 77.3k, 7/16: 78.0k); fp32 rows' gained nothing past a quarter, nor
+# did compact rows' without a horizon (4x: 69.8k -> 61.5k): docs/performance.md, 2026-12-06.
+def stage_share(cold_precision: str, horizon: int = 0) -> tuple[float, float]:
+    """(the windows' share of the budget, the most they take of what the fast tier leaves): (1/4, 1/2) with fp32
+    cold rows; with bf16 or int8 ones (1/8, 1/2), or (3/8, 3/4) with a horizon."""
+    if cold_precision == "fp32":
+        return 0.25, 0.5
+    return (0.375, 0.75) if horizon else (0.125, 0.5)
 
 
 @dataclass(kw_only=True)
@@ -135,8 +141,9 @@ class StorePlan:
             if cache > budget:
                 raise ConfigError(f"{where}: cache_size ({cache} B) exceeds memory_budget ({budget} B)")
             if self.read_ahead and disk:
-                if host is None:  # its share, but never more than half of what the fast tier leaves
-                    stage = min(budget // stage_share(cfg.cold_precision), max(budget - cache, 0) // 2)
+                if host is None:  # its share, but never more than a part of what the fast tier leaves
+                    part, most = stage_share(cfg.cold_precision, cfg.horizon)
+                    stage = min(int(budget * part), int(max(budget - cache, 0) * most))
                 else:
                     stage = budget - cache - host
             if host is None:

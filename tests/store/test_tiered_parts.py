@@ -208,6 +208,34 @@ def test_disk_tier_compaction_keeps_the_file_near_its_live_records(tmp_path, max
     d.close()
 
 
+def test_disk_tier_compacts_a_bounded_share_per_call(tmp_path) -> None:
+    """``compact(most=k)`` moves at most k records (part of a segment too), later calls go on where it stopped,
+    and together they end where one unbounded call would; ``appended_rows`` counts the callers' appends only."""
+    d = DiskTier(str(tmp_path), width=2, segment_rows=8, max_ratio=1.25)
+    g = np.random.default_rng(4)
+    n = 8 * 20
+    recs = g.standard_normal((n, 2)).astype(np.float32)
+    slots = d.append(np.arange(n), recs)
+    dead = np.zeros(n, dtype=bool)
+    for seg in range(20):
+        dead[seg * 8 + g.choice(8, 5, replace=False)] = True
+    d.free(slots[dead])
+    where = dict(zip(np.flatnonzero(~dead).tolist(), slots[~dead].tolist()))
+    calls = 0
+    while True:
+        moved_lids, moved_slots = d.compact(most=2)
+        assert moved_lids.size <= 2
+        where.update(zip(moved_lids.tolist(), moved_slots.tolist()))
+        calls += 1
+        if moved_lids.size == 0:
+            break
+    assert calls > 10 and d.garbage_ratio() <= 1.25
+    assert d.appended_rows == n  # the moves are not appends of the caller's
+    live = np.array(sorted(where))
+    assert np.array_equal(d.read(np.array([where[k] for k in live]), lids=live), recs[live])
+    d.close()
+
+
 def test_disk_tier_compaction_stops_where_moving_wins_nothing(tmp_path) -> None:
     """Two and a half full segments are already as compact as segments go: nothing moves."""
     d = DiskTier(str(tmp_path), width=1, segment_rows=8, max_ratio=1.05)

@@ -7,10 +7,12 @@ leaving the faster tiers are appended in one sequential write per batch, and
 the old copy's slot is marked dead, so a write never costs the random
 read-modify-write of a partly overwritten page. The file is cut into
 segments; a segment with no live record is reused, and :meth:`compact`
-(at every hotness pass) rewrites the live records of the emptiest segments
-until the segments in use hold at most ``max_ratio`` (1.25) slots per live
-record, so the file stays near its live size however long the run (the lid in
-each record tells the caller whose home moved). Rows are rewritten at random,
+rewrites the live records of the emptiest segments until the segments in use
+hold at most ``max_ratio`` (1.25) slots per live record, so the file stays near
+its live size however long the run (the lid in each record tells the caller
+whose home moved). The caller compacts a little at every training lookup (at
+most twice the records appended since the last call: ``appended_rows``) and
+the rest at each hotness pass. Rows are rewritten at random,
 so few segments empty by themselves: with a fixed number of segments moved per
 pass the file kept growing (3.9x its live records after 1,200 steps of
 ``benchmarks.tiers --which disk``) and the read requests per step with it.
@@ -229,6 +231,7 @@ class DiskTier:
         self._tail = -1  # segment being appended to
         self._tail_pos = 0
         self.live_rows = 0
+        self.appended_rows = 0  # records appended by callers (compaction's own moves not counted)
         self.bytes_read = 0
         self.bytes_written = 0
         self.requests = 0  # read requests sent to the device (a request may serve several records)
@@ -277,6 +280,10 @@ class DiskTier:
 
     def append(self, lids: np.ndarray, records: np.ndarray) -> np.ndarray:
         """Write records [n, W] of rows ``lids`` at the log's tail; returns their slots [n]."""
+        self.appended_rows += lids.shape[0]
+        return self._append(lids, records)
+
+    def _append(self, lids: np.ndarray, records: np.ndarray) -> np.ndarray:
         n = lids.shape[0]
         slots = np.empty(n, dtype=np.int64)
         if n == 0:
@@ -483,14 +490,18 @@ class DiskTier:
         used = (self.n_segments - len(self._free_segs)) * self.seg_rows
         return used / max(self.live_rows, 1)
 
-    def compact(self) -> tuple[np.ndarray, np.ndarray]:
+    def compact(self, most: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Rewrite the live records of the emptiest segments until the segments in use hold at most
-        ``max_ratio`` slots per live record (or no segment is emptier than that ratio asks).
+        ``max_ratio`` slots per live record (or no segment is emptier than that ratio asks); ``most``: move at
+        most this many records now (a segment may be left part moved: the next call goes on with it).
 
         Returns (lids, new slots) of the moved records: the caller updates their homes.
         """
         moved_lids, moved_slots = [], []
+        left = most
         for _ in range(self.n_segments):
+            if left is not None and left <= 0:
+                break
             used_segs = self.n_segments - len(self._free_segs)
             if used_segs <= 2 or self.garbage_ratio() <= self.max_ratio:
                 break
@@ -506,11 +517,14 @@ class DiskTier:
             if slots.size == 0:
                 self._free_segs.append(seg)
                 continue
+            if left is not None:
+                slots = slots[:left]
+                left -= slots.size
             recs = self._read_full(slots)
             lids = recs[:, 0].copy().view(np.int32).astype(np.int64)
             self.free(slots)
             moved_lids.append(lids)
-            moved_slots.append(self.append(lids, recs[:, 1:]))
+            moved_slots.append(self._append(lids, recs[:, 1:]))
         if not moved_lids:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         return np.concatenate(moved_lids), np.concatenate(moved_slots)

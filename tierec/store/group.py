@@ -157,6 +157,7 @@ class TierStore:
         self.train_steps = 0  # training lookups so far: the clock of the hotness statistics
         self.max_batch_rows = 0  # most unique rows one training lookup needed
         self._last_rows = 0  # unique rows of the last lookup (pinned while the next one runs ahead)
+        self._appended_seen = 0  # the disk tier's appended_rows at the last lookup's compaction
         self._lock = threading.RLock()
         self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
         # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
@@ -229,6 +230,8 @@ class TierStore:
             self.horizon.advance(self.train_steps)
             if self.train_steps % self.spec.interval == 0:
                 self.maintain()
+            elif self.disk is not None:
+                self._compact_some()
         d = self.index
         if known is not None and known.deletions == d.deletions:  # no row deleted since the window's probe
             lids, cs, loc, home = d.probe_known(keys, tabs, known.lids)
@@ -255,6 +258,18 @@ class TierStore:
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
+
+    def _compact_some(self) -> None:
+        """A share of the disk tier's compaction, before this lookup probes (homes move): at most twice the
+        records appended since the last lookup, so the file stays near its bound between hotness passes and a
+        pass has little left (it moved about 870k records in 300 ms at 4x fp32, once every 100 steps, on the
+        step's thread; here the lookup ahead does it)."""
+        fresh = self.disk.appended_rows - self._appended_seen
+        self._appended_seen = self.disk.appended_rows
+        if fresh > 0:
+            lids, slots = self.disk.compact(most=2 * fresh)
+            if lids.size:
+                self.index.home[lids] = slots
 
     def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray, known: Resolved | None = None) -> Tensor | None:
         """The training lookup of the batch after the one whose step is computing, run during that step (the

@@ -218,10 +218,11 @@ class Runner:
         self.budget = int(self.table_bytes / a.budget_x)
         over = [f"embedding.dim={a.dim}", "model.name=dlrm", f"train.seed={a.seed}"]
         if mode != "memory":
+            cache, stage = int(self.budget * _cache_frac(mode, a.cache_frac)), _stage_frac(mode)
             over += [
                 "store.enabled=true",
                 f"store.memory_budget={self.budget}",
-                f"store.cache_size={int(self.budget * _cache_frac(mode, a.cache_frac))}",  # "+cacheF": F of the budget
+                f"store.cache_size={cache}",  # "+cacheF": F of the budget
                 f"store.disk_path={disk_dir}",
                 f"store.io_threads={a.io_threads}",
                 f"store.cold_precision={a.cold_precision}",
@@ -230,8 +231,7 @@ class Runner:
                 f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
                 f"store.horizon={_horizon(mode)}",  # the ids of this many batches ahead rank eviction
                 # "+stageF": the windows F of the budget, the host tier what the fast tier and they leave
-                *([] if _stage_frac(mode) is None else
-                  [f"store.host_size={self.budget - int(self.budget * _cache_frac(mode, a.cache_frac)) - int(self.budget * _stage_frac(mode))}"]),
+                *([] if stage is None else [f"store.host_size={self.budget - cache - int(self.budget * stage)}"]),
                 *a.store_set,
             ]
         cfg = load_config(None, over)

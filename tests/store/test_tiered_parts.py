@@ -10,7 +10,7 @@ import pytest
 from tierec.config import ConfigError
 from tierec.store.directory import Directory
 from tierec.store.disk import DiskTier
-from tierec.store.hotness import CountMinSketch, coldest_evictable, evictable, lowest
+from tierec.store.hotness import BEFORE_ALL, CountMinSketch, coldest_evictable, evictable, lowest
 from tierec.store.host import HostTier
 from tierec.store.sizes import parse_size
 from tierec.embedding.storage import whole_table_state
@@ -129,20 +129,31 @@ def test_extreme_away_matches_a_sort(loc, hottest) -> None:
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("soft", [False, True])
 @pytest.mark.parametrize("k", [1, 700, 9_000, 30_000])
-def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_choose(ties, soft, k) -> None:
+@pytest.mark.parametrize("foreseen", [0.0, 0.5, 0.97])
+def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_choose(ties, soft, k, foreseen) -> None:
+    """Against a plain reference: every evictable slot's score (raised by its next use inside a horizon for a
+    share ``foreseen`` of the rows), then the k lowest."""
     rng = np.random.default_rng(k)
     c = 100_001  # a fast tier of 100,000 slots and the zero slot: the sampled path
     slot_lid = np.where(rng.random(c) < 0.9, rng.integers(0, 10**6, c), -1).astype(np.int32)
     pin = rng.integers(0, 12, c)  # lookups 10 and 11 pin theirs
     keep = np.where(rng.random(c) < 0.1, 15, 0)  # kept for a later batch of a window
     score = (rng.integers(0, 40, c) if ties else rng.random(c)).astype(np.float32)  # few values: ties at the k-th score
+    step, until = 50, 50 + 128  # next uses in steps 51..178 rank above every score, the sooner the higher
+    next_at = np.where(rng.random(10**6) < foreseen, rng.integers(51, 179, 10**6), rng.integers(0, 51, 10**6))
+    next_at = np.where(rng.random(10**6) < 0.02, 500, next_at).astype(np.int32)  # beyond the horizon: not counted
+    t = next_at[np.maximum(slot_lid, 0)]
+    ranked = np.where((slot_lid >= 0) & (t > step) & (t <= until), BEFORE_ALL - t, score.astype(np.float64))
+    uses = (next_at, step, until) if foreseen else None
     for clock in (11, 100):  # (100: nothing pinned nor kept)
-        ref_slots, ref_scores = evictable(slot_lid, pin, clock, score, keep, soft=soft)
+        ref_slots, ref_scores = evictable(slot_lid, pin, clock, ranked, keep, soft=soft)
         want = np.sort(ref_scores[lowest(ref_scores, k)])
-        got, movable = coldest_evictable(slot_lid, pin, clock, score, keep, k, soft=soft)
+        got, movable = coldest_evictable(slot_lid, pin, clock, score, keep, k, soft=soft, uses=uses)
         assert movable == ref_slots.size if ref_slots.size < k else k <= movable <= ref_slots.size
         assert np.unique(got).size == got.size == k and np.isin(got, ref_slots).all()
-        assert np.sort(score[got]).tolist() == want.tolist()
+        assert np.sort(ranked[got]).tolist() == want.tolist()
+        plain_slots, plain_scores = evictable(slot_lid, pin, clock, score, keep, soft=soft, uses=uses)
+        assert np.array_equal(plain_slots, ref_slots) and np.array_equal(plain_scores, ref_scores)
 
 
 def test_host_tier_reuses_low_slots() -> None:
@@ -180,6 +191,10 @@ def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
     want = np.stack([v[1] for v in where.values()])[::-1]
     assert np.array_equal(got, want)
     assert d.live_rows == len(where) and d.garbage_ratio() <= 2.5
+    live = np.sort(slots)  # the live bitmap and per-segment counts agree with the records kept here
+    assert np.array_equal(np.flatnonzero(np.unpackbits(d.live, bitorder="little")), live)
+    assert np.array_equal(d.seg_live, np.bincount(live // 8, minlength=d.n_segments))
+    assert not np.intersect1d(d._free_segs, live // 8).size and d._tail not in d._free_segs
     assert d.bytes_read > 0 and d.bytes_written > 0
     d.close()
 

@@ -153,14 +153,31 @@ def _spans(run_slot: np.ndarray, run_len: np.ndarray, rec_bytes: int, align: int
     return lo[first], span_hi, span_run
 
 
+@nb.njit(cache=True, nogil=True)
 def _set_bits(bitmap: np.ndarray, idx: np.ndarray, value: bool) -> None:
-    """Set (or clear) bits ``idx`` of a uint8 bitmap (bit i: byte i // 8, bit i % 8)."""
-    idx = np.asarray(idx, dtype=np.int64)
-    masks = np.left_shift(np.uint8(1), (idx & 7).astype(np.uint8))
-    if value:
-        np.bitwise_or.at(bitmap, idx >> 3, masks)
-    else:
-        np.bitwise_and.at(bitmap, idx >> 3, ~masks)
+    """Set (or clear) bits ``idx`` of a uint8 bitmap (bit i: byte i // 8, bit i % 8); a loop: numpy's
+    ``bitwise_or.at`` took 5% of a training lookup at 4x."""
+    for i in idx:
+        m = np.uint8(1 << (i & 7))
+        if value:
+            bitmap[i >> 3] |= m
+        else:
+            bitmap[i >> 3] &= ~m
+
+
+@nb.njit(cache=True, nogil=True)
+def _free_slots(bitmap: np.ndarray, seg_live: np.ndarray, slots: np.ndarray, seg_rows: int, emptied: np.ndarray) -> int:
+    """Clear the live bits of ``slots`` and take them off their segments' counts; the segments left with no
+    live record go to ``emptied`` (in the order they emptied); returns how many."""
+    n = 0
+    for i in slots:
+        bitmap[i >> 3] &= ~np.uint8(1 << (i & 7))
+        s = i // seg_rows
+        seg_live[s] -= 1
+        if seg_live[s] == 0:
+            emptied[n] = s
+            n += 1
+    return n
 
 
 def _bits(bitmap: np.ndarray, idx: np.ndarray) -> np.ndarray:  # [n] bool
@@ -363,11 +380,10 @@ class DiskTier:
         if slots.shape[0] == 0:
             return
         slots = np.asarray(slots, dtype=np.int64)
-        _set_bits(self.live, slots, False)
-        segs, counts = np.unique(slots // self.seg_rows, return_counts=True)
-        self.seg_live[segs] -= counts
+        emptied = np.empty(slots.shape[0], dtype=np.int64)
+        n = _free_slots(self.live, self.seg_live, slots, self.seg_rows, emptied)
         self.live_rows -= slots.shape[0]
-        for s in segs[self.seg_live[segs] == 0]:
+        for s in np.sort(emptied[:n]):
             if s != self._tail:
                 self._free_segs.append(int(s))
 

@@ -44,9 +44,8 @@ class Eviction:
         the lookups whose rows stay pinned, when not the fast tier's own rule; ``step``: the training lookups
         so far (the horizon's clock)."""
         score = index.resident_scores(self.lfu)
-        if self.horizon.active:
-            score = self.horizon.ranked(score, fast.slot_lid, step)
-        slots, movable = fast.coldest(clock, score, wanted, in_flight=in_flight)
+        uses = self.horizon.uses(step)
+        slots, movable = fast.coldest(clock, score, wanted, in_flight=in_flight, uses=uses)
         if movable < required:
-            slots, movable = fast.coldest(clock, score, wanted, soft=True, in_flight=in_flight)
+            slots, movable = fast.coldest(clock, score, wanted, soft=True, in_flight=in_flight, uses=uses)
         return slots, movable

@@ -96,11 +96,14 @@ class FastTier:
         keep = self.in_flight if in_flight is None else in_flight
         return hotness.evictable(self.slot_lid, self.pin, clock, score, self.keep, soft=soft, in_flight=keep)
 
-    def coldest(self, clock: int, score: np.ndarray, k: int, soft: bool = False, in_flight: int | None = None) -> tuple[np.ndarray, int]:
+    def coldest(self, clock: int, score: np.ndarray, k: int, soft: bool = False, in_flight: int | None = None,
+                uses: tuple[np.ndarray, int, int] | None = None) -> tuple[np.ndarray, int]:
         """(up to ``k`` slots of the lowest ``score`` among those :meth:`evictable` gives, how many may leave: at
-        least ``k``, or exact when fewer may; hotness.coldest_evictable)."""
+        least ``k``, or exact when fewer may; hotness.coldest_evictable); ``uses``: the horizon's next uses,
+        which rank rows above their score (Horizon.uses)."""
         keep = self.in_flight if in_flight is None else in_flight
-        return hotness.coldest_evictable(self.slot_lid, self.pin, clock, score, self.keep, k, soft=soft, in_flight=keep)
+        return hotness.coldest_evictable(self.slot_lid, self.pin, clock, score, self.keep, k, soft=soft, in_flight=keep,
+                                         uses=uses)
 
     def occupied(self) -> np.ndarray:  # lids of the rows in the fast tier
         return self.slot_lid[self.slot_lid >= 0]

@@ -50,8 +50,7 @@ import numpy as np
 
 from tierec.embedding.kernels import key_hash
 from tierec.embedding.prefetch import AHEAD, prefetch_row
-
-BEFORE_ALL = float(1 << 52)  # scores of rows used inside the horizon: above every access count and step
+from tierec.store.hotness import ranked_score
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -125,12 +124,7 @@ def _ranked(score, slot_lid, next_at, step, until, out):
             xa = slot_lid[s + AHEAD]
             if 0 <= xa < n:
                 prefetch_row(next_at, xa)
-        x = slot_lid[s]
-        out[s] = score[s]
-        if 0 <= x < n:
-            t = next_at[x]
-            if step < t <= until:
-                out[s] = BEFORE_ALL - t
+        out[s] = ranked_score(np.float64(score[s]), slot_lid[s], next_at, step, until)
 
 
 class Horizon:
@@ -293,6 +287,11 @@ class Horizon:
         t = self.next_at[lids[known]]
         out[known] = np.where((t > step) & (t <= step + self.length), t, 0)
         return out
+
+    def uses(self, step: int) -> tuple[np.ndarray, int, int] | None:
+        """(next use per lid, ``step``, the last step inside the horizon): what eviction ranks by at training
+        step ``step`` (hotness.ranked_score); None with no batch foreseen."""
+        return (self.next_at, step, step + self.length) if self.batches else None
 
     def ranked(self, score: np.ndarray, lids: np.ndarray, step: int) -> np.ndarray:
         """``score`` [n] (float64) of rows ``lids`` (-1: none) with rows used inside the horizon above all others,

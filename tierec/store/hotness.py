@@ -25,6 +25,7 @@ import numba as nb
 import numpy as np
 
 from tierec.embedding.kernels import key_hash, mix64
+from tierec.embedding.prefetch import AHEAD, prefetch_row
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -193,10 +194,17 @@ def _lowest_evictable(slot_lid, pin, keep, clock, pinned_from, score_of_slot, so
                       below, below_score, ties):
     """Evictable slots scoring below ``bound`` (all, in ``below``, their scores in ``below_score``) and at it
     (the first ``k``, in ``ties``), in slot order; returns how many of each. A slot's own score is a lower
-    bound of its ranked one: above ``bound``, nothing else of it is read."""
+    bound of its ranked one: above ``bound``, nothing else of it is read; its next use is announced ``AHEAD``
+    slots on (a read at random)."""
     n_below = 0
     n_ties = 0
-    for s in range(1, slot_lid.shape[0]):
+    c = slot_lid.shape[0]
+    n = next_at.shape[0]
+    for s in range(1, c):
+        if n and s + AHEAD < c and np.float64(score_of_slot[s + AHEAD]) <= bound:
+            xa = slot_lid[s + AHEAD]
+            if 0 <= xa < n:
+                prefetch_row(next_at, xa)
         x = np.float64(score_of_slot[s])
         if x > bound or (x == bound and n_ties >= k):
             continue

@@ -288,7 +288,7 @@ class StoreConfig:
 
     enabled: bool = False  # tier the tables (fast cache / host DRAM / disk)
     memory_budget: str | int = ""  # "" = unbounded (no spilling)
-    cache_size: str | int = ""  # fast tier; "" = a quarter of memory_budget, or 256MiB without a budget
+    cache_size: str | int = ""  # fast tier; "" = a quarter of memory_budget (a half with fp32 cold_precision and a disk_path), or 256MiB without a budget
     host_size: str | int = ""  # host DRAM tier; "" = the rest of memory_budget (unbounded without one); "0" = none
     disk_path: str = ""  # directory of the disk tier's (unlinked) files; "" = no disk tier
     cache_policy: str = "lfu"  # lfu (decayed access counts) | lru

@@ -112,18 +112,23 @@ def test_the_budget_makes_room_for_the_windows() -> None:
         return StorePlan(cfg.store, [tables]).spec_for(tables)
 
     plain, ahead = spec("store.prefetch=false"), spec()  # on by default
-    assert plain.stage_bytes is None and plain.host_bytes == 48 << 20
+    assert plain.cache_bytes == 32 << 20  # fp32 cold rows and a disk tier: the fast tier gets half the budget
+    assert plain.stage_bytes is None and plain.host_bytes == 32 << 20
     assert ahead.stage_bytes == 16 << 20 and ahead.cache_bytes + ahead.host_bytes + ahead.stage_bytes == 64 << 20  # fp32: a quarter
     compact = spec("store.cold_precision=int8")
+    assert compact.cache_bytes == 16 << 20  # compact rows: a quarter
     assert compact.stage_bytes == 8 << 20 and compact.host_bytes == 40 << 20  # an eighth
+    no_disk = load_config(None, ["store.enabled=true", "store.memory_budget=64MiB"]).store
+    tables = [TableConfig(name="t", dim=DIM, features=["f"])]
+    assert StorePlan(no_disk, [tables]).spec_for(tables).cache_bytes == 16 << 20  # no disk tier: a quarter
     foreseen = spec("store.cold_precision=int8", "store.horizon=16")  # compact rows with a horizon: 3/8
     assert foreseen.stage_bytes == 24 << 20 and foreseen.host_bytes == 24 << 20
     big_cache = spec("store.cold_precision=int8", "store.horizon=16", "store.cache_size=48MiB")  # 3/4 of the rest
     assert big_cache.stage_bytes == 12 << 20 and big_cache.host_bytes == 4 << 20
     assert spec("store.horizon=16").stage_bytes == 16 << 20  # fp32 rows: a quarter, horizon or not
-    full = spec("store.host_size=48MiB")  # sizes that leave nothing: no reading ahead
-    assert full.stage_bytes == 0 and full.host_bytes == 48 << 20
-    partial = spec("store.host_size=40MiB")
+    full = spec("store.host_size=32MiB")  # sizes that leave nothing: no reading ahead
+    assert full.stage_bytes == 0 and full.host_bytes == 32 << 20
+    partial = spec("store.host_size=24MiB")
     assert partial.stage_bytes == 8 << 20
 
 

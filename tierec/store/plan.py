@@ -8,9 +8,10 @@ table listed in ``store.tables`` gets a store of its own with its own sizes
 (unset ones are taken from ``[store]``), or stays all in memory with
 ``enabled = false``.
 
-Per store: ``cache_size`` defaults to a quarter of the budget (256 MiB without
-one); ``host_size`` to the rest of the budget (unbounded without one); the
-disk tier exists when ``disk_path`` is set.
+Per store: ``cache_size`` defaults to a quarter of the budget, half of it with
+fp32 cold rows and a disk tier (``cache_share``; 256 MiB without a budget);
+``host_size`` to the rest of the budget (unbounded without one); the disk tier
+exists when ``disk_path`` is set.
 
 >>> from tierec.config import StoreConfig, EmbeddingConfig
 >>> from tierec.embedding import tables_from_config
@@ -35,7 +36,7 @@ from tierec.embedding.table import TableConfig, tables_from_config
 from tierec.sizes import format_size, parse_size
 from tierec.store.spec import TierSpec
 
-DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a quarter of
+DEFAULT_CACHE = 256 << 20  # bytes of fast tier when there is no budget to take a share of
 DEFAULT_STORE = "default"
 IN_MEMORY = "memory"
 # store.prefetch: stage_share() of the budget holds the disk records read ahead (two windows), or what
@@ -52,6 +53,17 @@ def stage_share(cold_precision: str, horizon: int = 0) -> tuple[float, float]:
     if cold_precision == "fp32":
         return 0.25, 0.5
     return (0.375, 0.75) if horizon else (0.125, 0.5)
+
+
+# The fast tier's default share: with fp32 cold rows a host row costs what a fast-tier row does, and the fast
+# tier ranks rows better (a horizon's next uses, exact counts); half the budget gave 1.05x (4x) and 1.13x (16x) the
+# samples/s of a quarter with a disk tier, three quarters 0.96x / 0.93x of a half (fewer disk reads, a longer
+# eviction pass) with a horizon. Compact rows fit 2-4x more per byte in the host tier: a quarter was the fastest
+# split at 4x int8 (57.7k against 55.5k at a half): docs/performance.md, 2026-12-06.
+def cache_share(cold_precision: str, disk: bool) -> float:
+    """The fast tier's share of ``memory_budget`` when ``cache_size`` is not given: 1/2 with fp32 cold rows and a
+    disk tier, else 1/4."""
+    return 0.5 if cold_precision == "fp32" and disk else 0.25
 
 
 @dataclass(kw_only=True)
@@ -129,13 +141,15 @@ class StorePlan:
             raise ConfigError(f"{where}.memory_budget is 0: the tiers need room for some rows; give a size "
                               "(e.g. '256MiB'), or \"\" for no bound")
         row = max(record_bytes(t) for t in tables)
-        if cache is None and budget is not None and int(budget // 4 * share) < row:
-            raise ConfigError(f"{where}.memory_budget {format_size(budget)} is too small: its fast tier (a quarter, "
-                              f"{format_size(int(budget // 4 * share))} for these tables) holds no row of {row} bytes")
+        disk = (o.disk_path if o is not None and o.disk_path else cfg.disk_path) or ""
+        part = cache_share(cfg.cold_precision, bool(disk))
+        part_text = "a half" if part == 0.5 else "a quarter"
+        if cache is None and budget is not None and int(int(budget * part) * share) < row:
+            raise ConfigError(f"{where}.memory_budget {format_size(budget)} is too small: its fast tier ({part_text}, "
+                              f"{format_size(int(int(budget * part) * share))} for these tables) holds no row of {row} bytes")
         given_cache = cache is not None or budget is None
         if cache is None:
-            cache = budget // 4 if budget is not None else DEFAULT_CACHE
-        disk = (o.disk_path if o is not None and o.disk_path else cfg.disk_path) or ""
+            cache = int(budget * part) if budget is not None else DEFAULT_CACHE
         stage = None  # bytes of disk records read ahead (store.prefetch): part of the budget
         if budget is not None:
             if cache > budget:
@@ -175,7 +189,7 @@ class StorePlan:
             sketch_depth=cfg.sketch_depth,
             io_threads=cfg.io_threads,
             drop_page_cache=cfg.drop_page_cache,
-            cache_key=f"{where}.cache_size" + ("" if given_cache else f" (a quarter of {where}.memory_budget unless set)"),
+            cache_key=f"{where}.cache_size" + ("" if given_cache else f" ({part_text} of {where}.memory_budget unless set)"),
             cold_precision=cfg.cold_precision,
             stage_bytes=None if stage is None else int(stage * share),
             in_flight=2 if cfg.lookup_ahead else 1,

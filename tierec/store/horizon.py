@@ -66,8 +66,15 @@ def _link(x, at, pos, step, next_at, last_pos, follow):
 
 @nb.njit(cache=True, nogil=True)
 def _foresee(e_lid, at, step, next_at, last_pos, follow, base, n):
-    """Enter a batch's entries ``base .. base + n`` (their rows in ``e_lid``; -1: no row yet)."""
-    for p in range(base, base + n):
+    """Enter a batch's entries ``base .. base + n`` (their rows in ``e_lid``; -1: no row yet). The rows are
+    read and written at random: each is announced ``AHEAD`` entries on."""
+    end = base + n
+    for p in range(base, end):
+        if p + AHEAD < end:
+            xa = e_lid[p + AHEAD]
+            if xa >= 0:
+                prefetch_row(next_at, xa)
+                prefetch_row(last_pos, xa)
         follow[p] = 0
         x = e_lid[p]
         if x >= 0:
@@ -77,7 +84,10 @@ def _foresee(e_lid, at, step, next_at, last_pos, follow, base, n):
 @nb.njit(cache=True, nogil=True)
 def _advance(e_lid, at, follow, base, n, next_at):
     """Batch ``at`` is being looked up: its rows move on to their next foreseen use (0: none)."""
-    for p in range(base, base + n):
+    end = base + n
+    for p in range(base, end):
+        if p + AHEAD < end and e_lid[p + AHEAD] >= 0:
+            prefetch_row(next_at, e_lid[p + AHEAD])
         x = e_lid[p]
         if x >= 0 and next_at[x] == at:
             next_at[x] = follow[p]

@@ -158,22 +158,22 @@ class StorePipeline:
         t0 = time.perf_counter()
         tokens = []
         for t in self.targets:
-            keys, tabs, at = [], [], []
-            for j, batch in enumerate(window):
+            keys, tabs = [], []
+            for batch in window:
                 ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
                 keys.append(ids.astype(np.int64, copy=False))
                 tabs.append(tb)
-                at.append(np.full(ids.shape[0], first + j, dtype=np.int32))
             if not sum(k.shape[0] for k in keys):
                 continue
             k, tb, inverse = self._dedupe(np.concatenate(keys), np.concatenate(tabs))
+            ends = np.cumsum([x.shape[0] for x in keys])
+            pos = np.split(inverse.astype(np.int32), ends[:-1])  # each batch's positions among the unique pairs
             next_use = np.zeros(k.shape[0], dtype=np.int32)
-            np.maximum.at(next_use, inverse, np.concatenate(at))  # the window's last use of each row
+            for j, p in enumerate(pos):  # the window's last use of each row: later batches write over earlier ones
+                next_use[p] = first + j
             if t.ids is None:
                 token = t.group.stage(k, tb, next_use)
             else:  # the window keeps each batch's positions among its unique pairs, for the batch's lookup
-                ends = np.cumsum([x.shape[0] for x in keys])
-                pos = np.split(inverse.astype(np.int32), ends[:-1])
                 token = t.group.stage(k, tb, next_use, [BatchIds(x, y, p) for x, y, p in zip(keys, tabs, pos)])
             if token is not None:
                 tokens.append((t.group, token))

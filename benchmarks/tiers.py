@@ -22,12 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.thread_cpu import cpu_between, thread_cpu
 from benchmarks.tiers_sim import belady, lru, next_uses, windowed
 from tierec.batch import with_next
 
@@ -253,6 +255,7 @@ class Runner:
         self.times: list[float] = []
         self.marks: list[tuple] = []
         self.rounds: list[tuple[float, float, float]] = []  # per timed chunk: wall s, process CPU s, load
+        self.thread_cpu: Counter = Counter()  # CPU s of the timed steps per thread name (benchmarks.thread_cpu)
 
     def _mark(self) -> tuple:
         tot = self.monitor.totals() if self.monitor.active else {}
@@ -270,6 +273,7 @@ class Runner:
         """Train on ``batches`` (a list; or a count: the next ones of the runner's own stream); when ``timed``,
         record the wall time of every step (pipeline waits included)."""
         start = self._mark()
+        threads0 = thread_cpu()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         if isinstance(batches, int):
             steps = islice(self.steps, batches)
@@ -285,6 +289,7 @@ class Runner:
         if timed:
             self.marks.append((start, self._mark(), batches if isinstance(batches, int) else len(batches)))
             self.rounds.append((time.perf_counter() - wall0, time.process_time() - cpu0, os.getloadavg()[0]))
+            self.thread_cpu.update(cpu_between(threads0, thread_cpu()))
 
     def result(self, batch_size: int) -> dict:
         steps = len(self.times)
@@ -294,6 +299,7 @@ class Runner:
             "step_s": [round(t, 4) for t in self.times],
             "samples_per_s": batch_size * steps / float(np.sum(self.times)),
             "cpu_s_per_step": sum(r[1] for r in self.rounds) / steps,
+            "cpu_ms_per_step_by_thread": {k: round(1e3 * v / steps, 2) for k, v in self.thread_cpu.most_common()},
             "round_wall_s": [r[0] for r in self.rounds],
             "round_load": [r[2] for r in self.rounds],
             "ram_bytes": self.parts.embedding_bytes(),
@@ -465,6 +471,9 @@ def _print(res: dict) -> None:
             )
         for k, v in d["ratios"].items():
             print(f"- {k}: {v:.2f}")
+        for r in d["runs"]:  # who takes the CPU: on few cores the tiers' threads share it with the dense step's
+            by = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_step_by_thread"].items() if v >= 0.05)
+            print(f"- CPU ms a step by thread, {r['mode']}: {by}")
     if "oracle" in res:
         o = res["oracle"]
         print(f"\n### Disk rows per step against the offline optimum ({o['steps']} steps after {o['warmup']}, "

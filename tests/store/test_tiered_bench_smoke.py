@@ -19,6 +19,8 @@ def test_disk_benchmark_runs(tmp_path) -> None:
     assert modes["disk"]["table_bytes"] >= 3.9 * modes["disk"]["budget_bytes"]
     assert "disk+prefetch4+ahead/memory throughput (paired)" in res["ratios"]
     assert "disk+prefetch4+ahead+horizon128/memory throughput (paired)" in res["ratios"]
+    by_thread = modes["disk+prefetch4+ahead"]["cpu_ms_per_step_by_thread"]  # the lookup ahead ran on its own thread
+    assert "MainThread" in by_thread and "tierec-ahead" in by_thread
 
 
 def test_disk_benchmark_runs_with_compact_cold_rows(tmp_path) -> None:

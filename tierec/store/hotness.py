@@ -145,10 +145,12 @@ def coldest_evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: 
     choice ``lowest`` makes over ``evictable``'s scores (among ties at the k-th score, any of them; here the
     first in slot order), without listing every evictable slot. A bound is taken from the scores of evenly
     spaced slots; one pass keeps the evictable slots below it and the first ``k`` at it, reading a slot's
-    pin, and its next use (``uses``, which only raises a score), only where its own score is low enough: a
-    horizon's next uses are read for a few thousand slots, not for all of them (ranking every slot first
-    took 11% of a training lookup at 4x). The count is then a lower bound (``k`` or more) unless fewer
-    than ``k`` may leave: where the pass finds too few, the plain path, with the exact count."""
+    pin, and its next use (``uses``, which only raises a score), only where its own score is low enough.
+    With a horizon whose batches use most resident rows the bound falls among the ranked scores and most
+    next uses are read anyway: then the pass costs about what ranking every slot first did (11-16% of a
+    training lookup at 4x int8), without an array of C scores. The count is then a lower bound (``k`` or
+    more) unless fewer than ``k`` may leave: where the pass finds too few, the plain path, with the exact
+    count."""
     c = slot_lid.shape[0]
     pinned_from = np.int64(clock - in_flight + 1)
     next_at, step, until = uses if uses is not None else _no_uses()

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.run import machine
 from benchmarks.thread_cpu import cpu_between, thread_cpu
 from benchmarks.tiers_sim import belady, lru, next_uses, windowed
 from tierec.batch import with_next
@@ -494,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         from tierec.threads import use_threads
 
         use_threads(a.threads)
-    res: dict = {"argv": argv if argv is not None else sys.argv[1:], "loadavg_start": os.getloadavg(), "cpus": os.cpu_count()}
+    res: dict = {"argv": argv if argv is not None else sys.argv[1:], "loadavg_start": os.getloadavg(), "cpus": os.cpu_count(),
+                 "machine": machine()}  # the CPU, its bf16 flags and the OpenMP wait policy in force
     if a.which in ("hitrate", "all"):
         res["hitrate"] = run_hitrate(a)
     if a.which in ("disk", "all"):

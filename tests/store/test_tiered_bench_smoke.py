@@ -12,7 +12,9 @@ def test_disk_benchmark_runs(tmp_path) -> None:
     args = ["--which", "disk", "--tables", "3", "--rows", "3000", "--train-batch", "64", "--steps", "4", "--warmup", "2"]
     args += ["--rounds", "2", "--disk-dir", str(tmp_path), "--threads", "1", "--quiet", "--out", str(out)]
     assert main(args) == 0
-    res = json.loads(out.read_text())["disk"]
+    whole = json.loads(out.read_text())
+    assert {"cpu", "omp_wait_policy", "cpu_flags_bf16"} <= set(whole["machine"])  # what a figure needs beside it
+    res = whole["disk"]
     modes = {r["mode"]: r for r in res["runs"]}
     assert set(modes) == {"memory", "disk", "disk+prefetch4+ahead", "disk+prefetch4+ahead+horizon128"}
     assert modes["disk"]["disk_read_rows_per_step"] > 0  # the table really is read from disk

@@ -154,15 +154,11 @@ def _spans(run_slot: np.ndarray, run_len: np.ndarray, rec_bytes: int, align: int
 
 
 @nb.njit(cache=True, nogil=True)
-def _set_bits(bitmap: np.ndarray, idx: np.ndarray, value: bool) -> None:
-    """Set (or clear) bits ``idx`` of a uint8 bitmap (bit i: byte i // 8, bit i % 8); a loop: numpy's
+def _set_live(bitmap: np.ndarray, first: int, n: int) -> None:
+    """Set bits ``first .. first + n - 1`` of a uint8 bitmap (bit i: byte i // 8, bit i % 8); a loop: numpy's
     ``bitwise_or.at`` took 5% of a training lookup at 4x."""
-    for i in idx:
-        m = np.uint8(1 << (i & 7))
-        if value:
-            bitmap[i >> 3] |= m
-        else:
-            bitmap[i >> 3] &= ~m
+    for i in range(first, first + n):
+        bitmap[i >> 3] |= np.uint8(1 << (i & 7))
 
 
 @nb.njit(cache=True, nogil=True)
@@ -319,7 +315,7 @@ class DiskTier:
             first = self._tail * self.seg_rows + self._tail_pos
             slots[i : i + k] = np.arange(first, first + k)
             self._pwrite(buf[i : i + k], first * self.rec_bytes)
-            _set_bits(self.live, np.arange(first, first + k), True)
+            _set_live(self.live, first, k)
             self.seg_live[self._tail] += k
             self._tail_pos += k
             i += k

@@ -267,9 +267,7 @@ class TierStore:
         fresh = self.disk.appended_rows - self._appended_seen
         self._appended_seen = self.disk.appended_rows
         if fresh > 0:
-            lids, slots = self.disk.compact(most=2 * fresh)
-            if lids.size:
-                self.index.home[lids] = slots
+            self.hotness.compact(most=2 * fresh)
 
     def lookup_ahead(self, keys: np.ndarray, tabs: np.ndarray, known: Resolved | None = None) -> Tensor | None:
         """The training lookup of the batch after the one whose step is computing, run during that step (the

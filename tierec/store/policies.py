@@ -70,11 +70,16 @@ class HotnessPass:
                 self._promote_to_cache(spec.promote_max, clock)
             self._rebalance_host_disk(spec.promote_max)
         if self.disk is not None:
-            lids, slots = self.disk.compact()
-            d.home[lids] = slots
+            self.compact()
             self.disk.drop_page_cache()
         self._cold_host = None  # the counts moved on: the next demotion ranks the host rows again
         release_free_memory()
+
+    def compact(self, most: int | None = None) -> None:
+        """The disk tier's compaction (at most ``most`` records moved; DiskTier.compact), the moved rows' homes
+        updated."""
+        lids, slots = self.disk.compact(most)
+        self.index.home[lids] = slots
 
     # -------------------------------------------------- host rows making room
 

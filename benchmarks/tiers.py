@@ -171,6 +171,18 @@ def _horizon(mode: str) -> int:
     return int(mode.split("+horizon")[1].split("+")[0])
 
 
+def _threads(mode: str) -> int:
+    """train.threads of a mode: "disk+prefetch4+ahead+threads2" -> 2 (the dense step on all of them); none -> 0
+    (auto: with a lookup ahead the dense step leaves it a core).
+
+    >>> _threads("disk+prefetch4+ahead+threads2"), _threads("disk+prefetch4+ahead")
+    (2, 0)
+    """
+    if "+threads" not in mode:
+        return 0
+    return int(mode.split("+threads")[1].split("+")[0])
+
+
 def _cache_frac(mode: str, default: float) -> float:
     """The fast tier's share of the budget in a mode: "disk+prefetch4+cache0.75" -> 0.75, none -> ``default``.
 
@@ -219,7 +231,7 @@ class Runner:
         record = 4 * (a.dim + 1)
         self.table_bytes = a.tables * a.rows * record
         self.budget = int(self.table_bytes / a.budget_x)
-        over = [f"embedding.dim={a.dim}", "model.name=dlrm", f"train.seed={a.seed}"]
+        over = [f"embedding.dim={a.dim}", "model.name=dlrm", f"train.seed={a.seed}", f"train.threads={_threads(mode)}"]
         if mode != "memory":
             cache, stage = int(self.budget * _cache_frac(mode, a.cache_frac)), _stage_frac(mode)
             over += [
@@ -249,14 +261,21 @@ class Runner:
         # "+horizonN": the pipeline also shows the stores the ids of the next N batches
         depth, horizon = (_depth(mode) if "+prefetch" in mode else 0), _horizon(mode)
         self.pipe = StorePipeline([self.parts.embeddings], depth=depth, horizon=horizon) if depth or horizon else None
-        # one stream over all the batches, taken a chunk at a time: the pipeline looks ahead across chunks
-        self._stream = None if batches is None else (self.pipe.run(iter(batches)) if self.pipe else iter(batches))
-        self.steps = None if batches is None else with_next(self._stream)
         self.train = TrainPipeline(self.parts, Job(cfg), cfg, store=self.monitor)
+        # one stream over all the batches, taken a chunk at a time: the pipeline looks ahead across chunks
+        self._stream = None if batches is None else self._through_pipe(batches)
+        self.steps = None if batches is None else with_next(self._stream)
         self.times: list[float] = []
         self.marks: list[tuple] = []
         self.rounds: list[tuple[float, float, float]] = []  # per timed chunk: wall s, process CPU s, load
         self.thread_cpu: Counter = Counter()  # CPU s of the timed steps per thread name (benchmarks.thread_cpu)
+
+    def _through_pipe(self, batches: list):
+        """The batches through the store's stage, on its own thread where the training step leaves it a core
+        (as in TrainPipeline.run)."""
+        if self.pipe is None:
+            return iter(batches)
+        return self.pipe.run(iter(batches), thread=self.train.step_threads is not None)
 
     def _mark(self) -> tuple:
         tot = self.monitor.totals() if self.monitor.active else {}
@@ -279,14 +298,15 @@ class Runner:
         if isinstance(batches, int):
             steps = islice(self.steps, batches)
         else:
-            steps = with_next(self.pipe.run(iter(batches)) if self.pipe is not None else iter(batches))
+            steps = with_next(self._through_pipe(batches))
         t_prev = time.perf_counter()
-        for batch, nxt in steps:
-            self.train.step(batch, nxt)
-            now = time.perf_counter()
-            if timed:
-                self.times.append(now - t_prev)
-            t_prev = now
+        with self.train.threads():  # the loop's threads (the stage's, between steps, too), as in TrainPipeline.run
+            for batch, nxt in steps:
+                self.train.step(batch, nxt)
+                now = time.perf_counter()
+                if timed:
+                    self.times.append(now - t_prev)
+                t_prev = now
         if timed:
             self.marks.append((start, self._mark(), batches if isinstance(batches, int) else len(batches)))
             self.rounds.append((time.perf_counter() - wall0, time.process_time() - cpu0, os.getloadavg()[0]))

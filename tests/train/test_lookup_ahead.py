@@ -47,14 +47,14 @@ def two_torch_threads():
     use_threads(before)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize(("precision", "train_threads"), [("fp32", 0), ("int8", 0), ("int8", 2)])
 def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
-    tmp_path: Path, precision: str, two_torch_threads: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, precision: str, train_threads: int, two_torch_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = {}
     dense_threads: dict[str, list[int]] = {}  # torch's threads in each dense forward: its rounding depends on them
     for how in ("sequential", "ahead"):
-        cfg = load_config(None, BASE + _tiers(tmp_path / how, precision))
+        cfg = load_config(None, BASE + _tiers(tmp_path / how, precision) + [f"train.threads={train_threads}"])
         source = open_source(cfg.data, "train", cfg.train.batch_size)
         parts = Components.build(cfg, source.feature_names, source.n_dense)
         group = parts.embeddings.groups[0]
@@ -85,7 +85,9 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
             assert sum(s["disk_read_rows"] for s in stats.values()) > 0
             assert sum(s["evicted"] for s in stats.values()) > 0
         group.close()
-    assert dense_threads["ahead"] == dense_threads["sequential"] == [2] * 12
+    # train.threads = 0: the step leaves the lookup ahead a core, in every step, whether it runs one or not
+    assert dense_threads["ahead"] == dense_threads["sequential"] == [1 if train_threads == 0 else 2] * 12
+    assert torch.get_num_threads() == 2  # given back after each step
     (la, ra, sa), (lb, rb, sb) = runs["sequential"], runs["ahead"]
     assert la == lb
     assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
@@ -128,3 +130,32 @@ def test_a_fast_tier_of_one_batch(tmp_path: Path) -> None:
     assert any("store.lookup_ahead" in line for line in lines)  # the run says it looks up ahead
     with pytest.raises(CacheCapacityError, match="store.lookup_ahead = false"):
         Trainer(load_config(None, BASE + _tiers(tmp_path / "c", "int8") + small), tmp_path / "run3", echo=lambda _: None).fit()
+
+
+def test_the_stage_on_a_thread_of_its_own_trains_as_on_the_steps_thread(
+    tmp_path: Path, two_torch_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.threads = 0 with a lookup ahead: the step leaves the store a core, and the store's stage (reads
+    ahead, the horizon's ids) runs there; the same run on the step's thread (train.threads = 1: as many dense
+    threads) gives the same numbers, with compact rows, whose values depend on where rows were."""
+    from tierec.store.pipeline import StorePipeline
+
+    stage_threads: set[str] = set()
+    stage = StorePipeline.stage
+
+    def named(self, window, first):
+        stage_threads.add(threading.current_thread().name)
+        return stage(self, window, first)
+
+    monkeypatch.setattr(StorePipeline, "stage", named)
+    tiers = ["store.prefetch=true", "store.horizon=6", "train.epochs=2", "train.checkpoint_every=7"]
+    runs = {}
+    for threads in (0, 1):
+        over = BASE + _tiers(tmp_path / f"rows{threads}", "int8") + tiers + [f"train.threads={threads}"]
+        stage_threads.clear()
+        runs[threads] = Trainer(load_config(None, over), tmp_path / f"run{threads}", echo=lambda _: None).fit()
+        assert stage_threads == ({"tierec-stage"} if threads == 0 else {threading.current_thread().name})
+        use_threads(2)  # train.threads = 1 set the process's count
+    a, b = runs[0], runs[1]
+    assert a["store"]["disk_read_rows"] > 0 and a["store"]["pipeline"]["staged_rows"] > 0
+    assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]

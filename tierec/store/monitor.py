@@ -66,11 +66,12 @@ class StoreMonitor:
     def for_components(cls, parts: Any, cfg: StoreConfig) -> StoreMonitor:
         return cls([parts.embeddings, parts.wide], cfg)
 
-    def wrap(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """The batch stream, through the prefetch pipeline when it is on."""
+    def wrap(self, batches: Iterable[Any], thread: bool = False) -> Iterator[Any]:
+        """The batch stream, through the prefetch pipeline when it is on (on a thread of its own with
+        ``thread``: StorePipeline.run)."""
         if self.pipeline is None:
             return iter(batches)
-        stream = self.pipeline.run(batches)
+        stream = self.pipeline.run(batches, thread=thread)
         self._streams.add(stream)
         return stream
 

@@ -16,8 +16,9 @@ per tiered group and handed to the group's
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one
-batch pulled ahead of the one it trains). The stage has no thread of
-its own: it runs on the caller's thread between steps, and the reads wait on
+batch pulled ahead of the one it trains). The stage runs on the caller's
+thread between steps, or (``run(thread=True)``, where the training step leaves
+the store a core) on a thread of its own ``QUEUE`` batches ahead; the reads wait on
 the device beside the compute. The windows' records have a share of the
 memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
 (the rest would be read on demand), the next window is half as long, and while
@@ -63,8 +64,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numba
 import numpy as np
 
+from tierec.data.loader import prefetch
 from tierec.embedding.hash_index import Deduper
 from tierec.store.staging import BatchIds
 
@@ -72,6 +75,7 @@ LEAD = 1  # a window's reads start this many batches before its first one (see t
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
 # next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
 HELD = 1
+QUEUE = 1  # batches a stage on a thread of its own (``run(thread=True)``) hands out ahead of the caller
 
 
 @dataclass(frozen=True)
@@ -189,11 +193,35 @@ class StorePipeline:
             t.group.foresee(k, tb)
         self.foresee_s += time.perf_counter() - t0
 
-    def run(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """The batches of ``batches`` in order, the disk reads of the next window running behind each."""
+    def run(self, batches: Iterable[Any], thread: bool = False) -> Iterator[Any]:
+        """The batches of ``batches`` in order, the disk reads of the next window running behind each.
+
+        ``thread``: the stage (pulling, foreseeing, starting the reads) runs on a thread of its own,
+        ``QUEUE`` batches ahead of the caller, instead of on the caller's thread between steps (the
+        training pipeline's choice where it leaves the store a core)."""
         if not self.targets:
-            yield from batches
-            return
+            return iter(batches)
+        if not thread:
+            return self._run(batches, lag=0, clear=True)
+        return self._on_thread(batches)
+
+    def _on_thread(self, batches: Iterable[Any]) -> Iterator[Any]:
+        def staged() -> Iterator[Any]:  # called on the stage's thread
+            # its kernels serial: the dense step's team stays the only one (a second OpenMP team on 2 cores
+            # throttles the runtime's spinning, in the step's team too)
+            numba.set_num_threads(1)
+            # up to QUEUE + 1 batches ahead: one in the queue, one waiting to be put
+            return self._run(batches, lag=QUEUE + 1, clear=False)
+
+        try:
+            yield from prefetch(staged, QUEUE, name="tierec-stage")
+        finally:  # once the caller has had the last batch: the thread ends earlier, and the horizon ranks until then
+            self._clear()
+
+    def _run(self, batches: Iterable[Any], lag: int, clear: bool) -> Iterator[Any]:
+        """``run``'s stream, handed out ``lag`` batches at most ahead of the lookups: windows are kept that much
+        longer and their rows wanted that much later. ``clear``: the horizon's batches go at the end (else the
+        caller clears it)."""
         source = iter(batches)
         ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
         windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
@@ -213,14 +241,14 @@ class StorePipeline:
         t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
             while True:
-                while windows and windows[0][0] + HELD <= t:  # its batches are all looked up
+                while windows and windows[0][0] + HELD + lag <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
                 while self.depth and t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
                     pull(start - t + self.window)
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
                         break
-                    windows.append((start + len(window), self.stage(window, start - t + 1)))  # batch t: lookup 1
+                    windows.append((start + len(window), self.stage(window, start - t + 1 + lag)))  # batch t: lookup 1
                     start += len(window)
                     self._adapt()
                 pull(1 + self.horizon)  # batch t, and the horizon's batches after it foreseen
@@ -232,8 +260,13 @@ class StorePipeline:
         finally:
             for _, w in windows:
                 self._release(w)
-            for tg in self.targets:
-                tg.group.release_staged()
+            if clear:
+                self._clear()
+
+    def _clear(self) -> None:
+        """Every window and the horizon's batches go (the stream ended)."""
+        for tg in self.targets:
+            tg.group.release_staged()
 
     def _adapt(self) -> None:
         """The next window's length: halved while a window's rows do not fit in the memory the windows have

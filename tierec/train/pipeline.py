@@ -14,9 +14,7 @@ For batch ``t`` the stages are:
    up** batch ``t + 1``'s rows (its whole lookup in the tiers: from host and disk,
    with the evictions and write-backs it needs; its dedupe and probe are the
    window's, done once for the window's batches) on stage 2's thread during batch
-   ``t``'s step (one process, ``store.lookup_ahead``; the step's row update then runs on
-   one numba thread fewer, the dense step on all of torch's: its rounding
-   depends on them), except where the caller
+   ``t``'s step (one process, ``store.lookup_ahead``), except where the caller
    says the tables are used between the two steps (``run``'s ``quiet``: a
    checkpoint, an evaluation, the end); or send batch ``t + 1``'s ids to their
    owner ranks (several processes with ``dist.overlap``: each sharded
@@ -25,6 +23,16 @@ For batch ``t`` the stages are:
 4. **forward, backward and fused update** of batch ``t`` on the caller's thread
    (:meth:`TrainPipeline.step`);
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
+
+Where a lookup runs ahead in the tiers and ``train.threads`` is 0, the loop leaves
+the store a core: torch and numba run on one thread fewer than the process's
+(:meth:`threads`; in every step, as the dense step's rounding depends on the
+count), and the store's stage 3 runs on a thread of its own beside the lookup
+(``StorePipeline.run(thread=True)``) instead of on the step's thread between
+steps. On 2 cores the step then ran at 1.1-1.2x the samples/s of both cores'
+dense step with everything else squeezed beside it (docs/performance.md, "Tables
+beyond memory"). With an explicit ``train.threads`` the step uses that many, and
+only its row update leaves the lookup a numba thread.
 
 No stage changes a number: each only moves work earlier, and the step is the
 sequential step (tests/train/test_pipeline.py, tests/embedding/test_ahead.py,
@@ -50,10 +58,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numba
+import torch
 import torch.nn.functional as F
 
 from tierec.batch import Batch, with_next
@@ -62,6 +72,7 @@ from tierec.data import BackgroundLoader
 from tierec.device import is_host
 from tierec.embedding.ahead import LookAhead
 from tierec.store.monitor import StoreMonitor
+from tierec.threads import use_threads
 from tierec.train.components import Components, PreparedBatch
 
 
@@ -90,6 +101,11 @@ class TrainPipeline:
             getattr(g, "lookup_ahead", None) is not None for g in parts.embeddings.groups
         )
         self.ahead = LookAhead(parts.embeddings, probe=probe, bring_up=bring_up) if probe or bring_up else None
+        # the lookup run ahead in the tiers gets a core of its own: the training loop runs on one torch (and
+        # numba) thread fewer, in every step (the dense step's rounding depends on the count), unless
+        # train.threads says how many; None: the process's count
+        n = torch.get_num_threads()
+        self.step_threads = n - 1 if bring_up and not cfg.train.threads and n > 1 else None
         self._quiet: Callable[[], bool] | None = None  # run()'s: may the tables move on to the next batch now?
         # stage 3 on several processes: the next batch's ids go out while this batch computes (in a job every
         # embedding collection is sharded: parallelize); the exchanges no step used are waited out in close()
@@ -107,8 +123,11 @@ class TrainPipeline:
         caller will use the tables between this step and the next (save, evaluate, stop); None: never."""
         cfg = self.cfg
         self._quiet = quiet
-        with BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=not is_host(cfg.train.device)) as loader:
-            stream = self.store.wrap(loader)  # stage 3 of the tiers; the look-ahead after it: same order on every rank
+        pin = not is_host(cfg.train.device)
+        with self.threads(), BackgroundLoader(source, depth=cfg.data.prefetch_batches, pin=pin) as loader:
+            # stage 3 of the tiers (on a thread of its own where the step leaves the store a core); the look-ahead
+            # after it: same order on every rank
+            stream = self.store.wrap(loader, thread=self.step_threads is not None)
             try:
                 for batch, nxt in with_next(stream):  # the next batch is pulled before this one trains
                     t0 = time.perf_counter()
@@ -122,6 +141,26 @@ class TrainPipeline:
     def step(self, batch: Batch, nxt: Batch | None = None) -> float:
         """Forward, backward and update of the global ``batch``; starts stages 2 and 3 for ``nxt`` (the batch
         after it, or None). Returns the global batch's mean loss."""
+        with self.threads():
+            return self._step(batch, nxt)
+
+    @contextmanager
+    def threads(self) -> Iterator[None]:
+        """Inside: torch's and numba's threads are the training loop's (``step_threads``: one fewer than the
+        process's where a lookup runs ahead in the tiers and ``train.threads`` is 0); the counts before come
+        back after."""
+        if self.step_threads is None or torch.get_num_threads() == self.step_threads:
+            yield
+            return
+        torch_before, numba_before = torch.get_num_threads(), numba.get_num_threads()
+        use_threads(self.step_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(torch_before)
+            numba.set_num_threads(numba_before)
+
+    def _step(self, batch: Batch, nxt: Batch | None) -> float:
         parts, job = self.parts, self.job
         parts.train(True)
         local, prepared = self._local(batch)  # this process's slice on the model's device, and its exchanges
@@ -131,12 +170,12 @@ class TrainPipeline:
         if self.ahead is not None:  # stage 2 (one process): this batch's dedupe and probe, or its lookup
             prepared = PreparedBatch(embeddings=self.ahead.take(local.sparse))
         emb, wide = parts.embed(local, prepared)
-        narrowed: int | None = None  # numba threads to give back after the step
+        numba_threads = None  # what to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
             if self.ahead.bring_up and numba.get_num_threads() > 1:  # the step's row update leaves the lookup a core
-                narrowed = numba.get_num_threads()
-                numba.set_num_threads(narrowed - 1)
+                numba_threads = numba.get_num_threads()
+                numba.set_num_threads(numba_threads - 1)
         try:
             logits = parts.dense(local, emb, wide)
             loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
@@ -145,8 +184,8 @@ class TrainPipeline:
             (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
             parts.optimizer.step()
         finally:
-            if narrowed is not None:
-                numba.set_num_threads(narrowed)
+            if numba_threads is not None:
+                numba.set_num_threads(numba_threads)
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
 
@@ -158,8 +197,11 @@ class TrainPipeline:
         """One line on the lookup run ahead in the tiers, or "" when there is none."""
         if self.ahead is None or not self.ahead.bring_up:
             return ""
-        return ("store: each next batch's lookup in the tiers runs during the step, which leaves it a core "
-                "(store.lookup_ahead)")
+        line = "store: each next batch's lookup in the tiers runs during the step (store.lookup_ahead)"
+        if self.step_threads is not None:
+            line += (f", which leaves it and the read-ahead stage a core: the step runs on {self.step_threads} "
+                     f"thread(s) (train.threads = 0; set it to give the step more)")
+        return line
 
     @property
     def ahead_pending(self) -> bool:

@@ -101,3 +101,22 @@ def test_slow_consumer_bounded_queue() -> None:
     with pytest.raises(ValueError):
         BackgroundLoader(src := open_source(DataConfig(), "test", 8), depth=0)
     assert src.num_rows == 100_000
+
+
+def test_a_lockstep_producer_makes_the_next_item_only_once_the_last_was_taken() -> None:
+    produced = []
+
+    def items() -> Iterator[int]:
+        for i in range(100):
+            produced.append(i)
+            yield i
+
+    it = prefetch(items, depth=1, lockstep=True)
+    for k in range(5):
+        assert next(it) == k
+        time.sleep(0.05)  # the consumer's work: the producer makes item k + 1 meanwhile, not k + 2
+        assert len(produced) == k + 2
+    assert list(it) == list(range(5, 100))  # every item, in order, to the end
+    assert _wait_gone("tierec-prefetch")
+    with pytest.raises(ValueError, match="lockstep"):
+        next(prefetch(items, depth=2, lockstep=True))

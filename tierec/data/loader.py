@@ -43,26 +43,36 @@ class _Failed:
 _DONE = object()
 
 
-def prefetch(make_iter: Callable[[], Iterator[T]], depth: int, name: str = "tierec-prefetch") -> Generator[T, None, None]:
+def prefetch(
+    make_iter: Callable[[], Iterator[T]], depth: int, name: str = "tierec-prefetch", lockstep: bool = False
+) -> Generator[T, None, None]:
     """Iterate ``make_iter()`` in a daemon thread, at most ``depth`` items ahead.
 
     ``make_iter`` is called inside the thread. Closing the returned generator (a
     ``break`` in the consumer's loop, or garbage collection) stops the producer
-    and joins it.
+    and joins it. ``lockstep`` (with ``depth`` 1): the producer starts on the next
+    item only once the consumer has taken the last, so it makes item ``k + 1``
+    while the consumer works on item ``k`` and is never further ahead.
     """
     if depth < 1:
         raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+    if lockstep and depth != 1:
+        raise ValueError(f"a lockstep prefetch is 1 item deep, got depth {depth}")
     q: queue.Queue[Any] = queue.Queue(maxsize=depth)
     stop = threading.Event()
+    taken = threading.Semaphore(0)  # lockstep: items the consumer took
 
     def put(item: Any) -> bool:
         while not stop.is_set():
             try:
                 q.put(item, timeout=_POLL)
-                return True
+                break
             except queue.Full:
                 continue
-        return False
+        while lockstep and not stop.is_set():
+            if taken.acquire(timeout=_POLL):
+                return True
+        return not stop.is_set()
 
     def produce() -> None:
         it = None
@@ -84,6 +94,7 @@ def prefetch(make_iter: Callable[[], Iterator[T]], depth: int, name: str = "tier
     try:
         while True:
             item = q.get()
+            taken.release()
             if item is _DONE:
                 return
             if isinstance(item, _Failed):

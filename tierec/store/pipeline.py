@@ -18,7 +18,7 @@ threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one
 batch pulled ahead of the one it trains). The stage runs on the caller's
 thread between steps, or (``run(thread=True)``, where the training step leaves
-the store a core) on a thread of its own ``QUEUE`` batches ahead; the reads wait on
+the store a core) on a thread of its own, ``LAG`` batch ahead; the reads wait on
 the device beside the compute. The windows' records have a share of the
 memory budget (``spec.stage_bytes``): while a window's rows do not fit in it
 (the rest would be read on demand), the next window is half as long, and while
@@ -75,7 +75,9 @@ LEAD = 1  # a window's reads start this many batches before its first one (see t
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
 # next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
 HELD = 1
-QUEUE = 1  # batches a stage on a thread of its own (``run(thread=True)``) hands out ahead of the caller
+# A stage on a thread of its own (``run(thread=True)``) is this many batches ahead of the caller at most: it makes the
+# next batch (foresees, stages its window) while the caller's step computes.
+LAG = 1
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class StorePipeline:
         """The batches of ``batches`` in order, the disk reads of the next window running behind each.
 
         ``thread``: the stage (pulling, foreseeing, starting the reads) runs on a thread of its own,
-        ``QUEUE`` batches ahead of the caller, instead of on the caller's thread between steps (the
+        ``LAG`` batch ahead of the caller, instead of on the caller's thread between steps (the
         training pipeline's choice where it leaves the store a core)."""
         if not self.targets:
             return iter(batches)
@@ -210,11 +212,10 @@ class StorePipeline:
             # its kernels serial: the dense step's team stays the only one (a second OpenMP team on 2 cores
             # throttles the runtime's spinning, in the step's team too)
             numba.set_num_threads(1)
-            # up to QUEUE + 1 batches ahead: one in the queue, one waiting to be put
-            return self._run(batches, lag=QUEUE + 1, clear=False)
+            return self._run(batches, lag=LAG, clear=False)
 
         try:
-            yield from prefetch(staged, QUEUE, name="tierec-stage")
+            yield from prefetch(staged, 1, name="tierec-stage", lockstep=True)
         finally:  # once the caller has had the last batch: the thread ends earlier, and the horizon ranks until then
             self._clear()
 

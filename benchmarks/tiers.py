@@ -347,13 +347,17 @@ class Runner:
                     "disk_read_mib_per_step": delta("disk_read_bytes") / n / 2**20,
                     "disk_write_mib_per_step": delta("disk_write_bytes") / n / 2**20,
                     "lookup_s_per_step": delta("lookup_s") / n,
-                    "stage_s_per_step": delta("stage_s") / n,  # the windows' dedupe and probe, on the step's thread
+                    "stage_s_per_step": delta("stage_s") / n,  # the windows' dedupe and probe (waits for the lock too)
                     "wait_s_per_step": sum(m[1][1] - m[0][1] for m in self.marks) / n,
                     "rows_cache": self.monitor.totals()["rows_cache"],
                     "rows_host": self.monitor.totals()["rows_host"],
                     "rows_disk": self.monitor.totals()["rows_disk"],
                 }
             )
+            if self.pipe is not None:  # how long the read-ahead windows were, and the rows they had no room for
+                st = self.pipe.stats()
+                res.update(window=st["window"], smallest_window=st["smallest_window"],
+                           dropped_rows=sum(g.read_ahead_fill()[0] for g in self.monitor.groups))
         return res
 
     def close(self) -> None:

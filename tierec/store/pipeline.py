@@ -244,7 +244,8 @@ class StorePipeline:
             while True:
                 while windows and windows[0][0] + HELD + lag <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
-                while self.depth and t + min(LEAD, self.window) >= start:  # the next window starts soon: read it
+                # the next window starts soon: read it (``lag`` batches ahead, at the lookups' same point as without)
+                while self.depth and t + min(LEAD, self.window) >= start + lag:
                     pull(start - t + self.window)
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:

@@ -220,9 +220,10 @@ class StorePipeline:
             self._clear()
 
     def _run(self, batches: Iterable[Any], lag: int, clear: bool) -> Iterator[Any]:
-        """``run``'s stream, handed out ``lag`` batches at most ahead of the lookups: windows are kept that much
-        longer and their rows wanted that much later. ``clear``: the horizon's batches go at the end (else the
-        caller clears it)."""
+        """``run``'s stream, handed out up to ``lag`` batches ahead of the caller's: a window is read and dropped
+        at the lookups' same point as with none (``lag`` batches later by this stream's count), and its rows are
+        wanted ``lag`` lookups later than its position here says. ``clear``: the windows and the horizon's batches
+        go at the end (else the caller clears them, once it has had the last batch)."""
         source = iter(batches)
         ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
         windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)

@@ -29,10 +29,11 @@ the store a core: torch and numba run on one thread fewer than the process's
 (:meth:`threads`; in every step, as the dense step's rounding depends on the
 count), and the store's stage 3 runs on a thread of its own beside the lookup
 (``StorePipeline.run(thread=True)``) instead of on the step's thread between
-steps. On 2 cores the step then ran at 1.1-1.2x the samples/s of both cores'
-dense step with everything else squeezed beside it (docs/performance.md, "Tables
-beyond memory"). With an explicit ``train.threads`` the step uses that many, and
-only its row update leaves the lookup a numba thread.
+steps. On 2 cores that ran at 1.15-1.3x the samples/s of the dense step on both
+cores with the tiers' threads squeezed beside it with compact cold rows, 1.0-1.1x
+with fp32 ones (docs/performance.md, "Tables beyond memory"). With an explicit
+``train.threads`` the step uses that many, and only its row update leaves the
+lookup a numba thread.
 
 No stage changes a number: each only moves work earlier, and the step is the
 sequential step (tests/train/test_pipeline.py, tests/embedding/test_ahead.py,

@@ -10,13 +10,9 @@ Zipf skew, dim 64, row-wise Adagrad) in three stages, each a fresh process:
 3. ``resumed``: the same run directory resumed to the end (loads the checkpoint,
    trains, saves again);
 4. ``two``: the same stream on 2 processes (``--nproc 2``), each tiering its
-   shard with half the budget (``store.memory_budget`` is per process);
-5. ``same``: the whole stream in memory on the tiered run's dense threads
-   (one fewer than torch's default: the tiered step leaves its lookup a core,
-   and the dense step's rounding depends on the count); the tiered run's test
-   AUC must be this run's to the last digit.
+   shard with half the budget (``store.memory_budget`` is per process).
 
-``--stage all`` runs the five; ``--stage memory`` etc. one at a time (a long
+``--stage all`` runs the four; ``--stage memory`` etc. one at a time (a long
 stream in several shorter invocations), ``--stage report`` only reports. It
 reports samples/s over time, peak RSS (``ru_maxrss``: it covers the saves and
 the load) beside budget + bookkeeping, bytes read from and written to the disk
@@ -93,7 +89,7 @@ def _rates(run: Path, batch: int, after: int = 0) -> list[tuple[int, float]]:
     return out
 
 
-STAGES = ("memory", "tiered", "resumed", "two", "same")
+STAGES = ("memory", "tiered", "resumed", "two")
 
 
 def _common(rows: int, scale: float, zipf: float, dim: int, batch: int) -> list[str]:
@@ -103,14 +99,6 @@ def _common(rows: int, scale: float, zipf: float, dim: int, batch: int) -> list[
         f"data.synthetic.zipf={zipf}", f"embedding.dim={dim}", f"train.batch_size={batch}", "train.eval_batches=0",
         f"train.checkpoint_every={steps // 2}", "train.progress=false", f"train.max_steps={steps}",
     ]  # fmt: skip
-
-
-def step_threads() -> int:
-    """The dense step's threads in a tiered run on one process (``train.threads = 0`` with a lookup ahead: one fewer
-    than torch's default, tierec/train/pipeline.py)."""
-    import torch
-
-    return max(1, torch.get_num_threads() - 1)
 
 
 def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fraction: float,
@@ -137,9 +125,7 @@ def run_stage(stage: str, rows: int, scale: float, zipf: float, dim: int, batch:
         return ["store.enabled=true", f"store.memory_budget={b}", f"store.cache_size={b // 2}", f"store.disk_path={where}",
                 *store_set]
 
-    if stage == "same":  # in memory on the tiered run's dense threads (it leaves the store a core): same arithmetic
-        _, wall = _train(work / "same", common + [f"train.threads={step_threads()}"])
-    elif stage == "tiered":
+    if stage == "tiered":
         _, wall = _train(work / "tiered", common + store(budget, disk) + [f"train.max_steps={steps // 2}"])
     elif stage == "two":  # each process tiers its shard in <disk>/two/rank-<r> with half the budget
         _, wall = _train(work / "two", common + store(budget // 2, str(Path(disk) / "two")), nproc=2)
@@ -178,10 +164,6 @@ def report(rows: int, scale: float, zipf: float, dim: int, batch: int, budget_fr
         r["bound_bytes"] = bound_bytes(budget, r["embedding_rows"], out["baseline_rss_bytes"], 4 << 20, r["horizon_bytes"])
         r["within_bound"] = r["peak_memory_bytes"] <= r["bound_bytes"]
         out[key] = r
-    if (work / "same.wall").exists():  # the tiered runs' test AUC must be this one's (the same dense threads)
-        s = json.loads((work / "same" / "summary.json").read_text())
-        out["memory_step_threads"] = {**_summary(s), "wall_s": float((work / "same.wall").read_text()),
-                                      "rates": _rates(work / "same", batch)}
     if (work / "two.wall").exists():
         s = json.loads((work / "two" / "summary.json").read_text())
         r = {**_summary(s), "wall_s": float((work / "two.wall").read_text()), "rates": _rates(work / "two", batch)}
@@ -216,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="", help="directory for the run directories (default: a temp dir)")
     p.add_argument("--json", default="", help="write the result here too")
     p.add_argument("--stage", choices=("all", *STAGES, "report"), default="all",
-                   help="run one stage (memory, then tiered, then resumed, then two, same: each one run) or all; then report")
+                   help="run one stage (memory, then tiered, then resumed, then two: each one run) or all; then report")
     p.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE",
                    help="another store.* setting of the tiered stages (repeatable), e.g. store.prefetch=false")
     a = p.parse_args(argv)

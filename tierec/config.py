@@ -189,8 +189,8 @@ class TrainConfig:
     # nor on a mesh of groups (dist.group_size).
     delta_every: int = 0
     seed: int = 0  # seed of the initialisation, the data order and dropout
-    # torch intra-op threads; 0 = torch's default (every core), less one while the tiers look the next batch up
-    # ahead (store.lookup_ahead on one process): that lookup and the read-ahead stage get a core of their own
+    # torch intra-op threads; 0 = torch's default (every core), less one while tiers with compact cold rows look
+    # the next batch up ahead (store.lookup_ahead on one process): that lookup and the read-ahead stage get a core
     threads: int = 0
     progress: bool = True  # a progress bar (a line every 30 s when stderr is not a terminal)
     device: str = "cpu"  # cpu | cuda | cuda:N: where the dense model runs (and the rows that can: docs/gpu.md)

@@ -55,6 +55,8 @@ class StoreMonitor:
         # the tiered stores behind every storage (a tiered group, the chunk store of a tiered pruned group)
         self.groups = [s for c in self.collections for g in c.groups for s in g.tier_stores()]
         self.active = bool(self.groups)
+        # a store rounds its cold rows (store.cold_precision): its numbers differ from the same run in memory anyway
+        self.lossy = any(g.codec.lossy for g in self.groups)
         depth = cfg.prefetch_depth if cfg.prefetch else 0
         horizon = cfg.horizon if any(g.horizon.length for g in self.groups) else 0  # stores with a disk tier
         self.pipeline = StorePipeline(self.collections, depth, horizon) if (depth or horizon) and self.active else None

@@ -25,9 +25,10 @@ For batch ``t`` the stages are:
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
 
 Where a lookup runs ahead in tiers with compact cold rows (``store.cold_precision``
-int8 or bf16) and ``train.threads`` is 0, the loop leaves the store a core: torch and numba run on one thread fewer than the process's
-(:meth:`threads`; in every step, as the dense step's rounding depends on the
-count), and the store's stage 3 runs on a thread of its own beside the lookup
+int8 or bf16) and ``train.threads`` is 0, the loop leaves the store a core: torch
+and numba run on one thread fewer than the process's (:meth:`threads`; in every
+step, as the dense step's rounding depends on the count), and the store's stage 3
+runs on a thread of its own beside the lookup
 (``StorePipeline.run(thread=True)``) instead of on the step's thread between
 steps. On 2 cores that ran at 1.15-1.3x the samples/s of the dense step on both
 cores with the tiers' threads squeezed beside it (docs/performance.md, "Tables
@@ -107,7 +108,7 @@ class TrainPipeline:
         # with compact cold rows the lookup run ahead in the tiers gets a core of its own: the training loop runs on
         # one torch (and numba) thread fewer, in every step (the dense step's rounding depends on the count), unless
         # train.threads says how many. fp32 cold rows keep every thread: the tiered run then gives the numbers of
-        # the same run in memory (and ran as fast or faster so: docs/performance.md). None: the process's count
+        # the same run in memory, and a core left gained little there (docs/performance.md). None: the process's
         n = torch.get_num_threads()
         leave_core = bring_up and self.store.lossy and not cfg.train.threads
         self.step_threads = n - 1 if leave_core and n > 1 else None
@@ -152,8 +153,8 @@ class TrainPipeline:
     @contextmanager
     def threads(self) -> Iterator[None]:
         """Inside: torch's and numba's threads are the training loop's (``step_threads``: one fewer than the
-        process's where a lookup runs ahead in the tiers and ``train.threads`` is 0); the counts before come
-        back after."""
+        process's where a lookup runs ahead in tiers with compact cold rows and ``train.threads`` is 0); the
+        counts before come back after."""
         if self.step_threads is None or torch.get_num_threads() == self.step_threads:
             yield
             return
@@ -175,12 +176,12 @@ class TrainPipeline:
         if self.ahead is not None:  # stage 2 (one process): this batch's dedupe and probe, or its lookup
             prepared = PreparedBatch(embeddings=self.ahead.take(local.sparse))
         emb, wide = parts.embed(local, prepared)
-        numba_threads = None  # what to give back after the step
+        narrowed: int | None = None  # numba threads to give back after the step
         if self.ahead is not None and nxt is not None and self._may_move_on():
             self.ahead.submit(nxt.sparse)  # stages 2 and 3: this batch's ids are in; probe (bring up) the next one's
             if self.ahead.bring_up and numba.get_num_threads() > 1:  # the step's row update leaves the lookup a core
-                numba_threads = numba.get_num_threads()
-                numba.set_num_threads(numba_threads - 1)
+                narrowed = numba.get_num_threads()
+                numba.set_num_threads(narrowed - 1)
         try:
             logits = parts.dense(local, emb, wide)
             loss_sum = F.binary_cross_entropy_with_logits(logits, local.labels, reduction="sum")
@@ -189,8 +190,8 @@ class TrainPipeline:
             (loss_sum * job.loss_scale(batch)).backward()  # embedding rows are updated here, by their fused optimizers
             parts.optimizer.step()
         finally:
-            if numba_threads is not None:
-                numba.set_num_threads(numba_threads)
+            if narrowed is not None:
+                numba.set_num_threads(narrowed)
         job.after_step()  # on a mesh: the cross-group averaging that is due
         return job.mean_loss(loss_sum, batch)
 

@@ -164,11 +164,17 @@ def _full_tables(w, dim: int, seed: int) -> dict[str, torch.Tensor]:
     return sd
 
 
+def _option(mode: str, name: str) -> str | None:
+    """The value a mode gives an option: ``_option("disk+prefetch4+horizon64", "horizon")`` -> "64"; None where
+    the mode does not name it ("" where it names it without a value: "disk+prefetch")."""
+    if f"+{name}" not in mode:
+        return None
+    return mode.split(f"+{name}")[1].split("+")[0]
+
+
 def _horizon(mode: str) -> int:
     """store.horizon of a mode: "disk+prefetch4+horizon64" -> 64, none -> 0."""
-    if "+horizon" not in mode:
-        return 0
-    return int(mode.split("+horizon")[1].split("+")[0])
+    return int(_option(mode, "horizon") or 0)
 
 
 def _threads(mode: str) -> int:
@@ -178,9 +184,7 @@ def _threads(mode: str) -> int:
     >>> _threads("disk+prefetch4+ahead+threads2"), _threads("disk+prefetch4+ahead")
     (2, 0)
     """
-    if "+threads" not in mode:
-        return 0
-    return int(mode.split("+threads")[1].split("+")[0])
+    return int(_option(mode, "threads") or 0)
 
 
 def _cache_frac(mode: str, default: float) -> float:
@@ -191,9 +195,8 @@ def _cache_frac(mode: str, default: float) -> float:
     >>> _horizon("disk+prefetch4+ahead+horizon128+cache0.75"), _depth("disk+prefetch4+ahead+horizon128+cache0.75")
     (128, 4)
     """
-    if "+cache" not in mode:
-        return default
-    return float(mode.split("+cache")[1].split("+")[0])
+    value = _option(mode, "cache")
+    return default if value is None else float(value)
 
 
 def _stage_frac(mode: str) -> float | None:
@@ -203,17 +206,13 @@ def _stage_frac(mode: str) -> float | None:
     >>> _stage_frac("disk+prefetch4+ahead+horizon128+stage0.375"), _stage_frac("disk+prefetch4")
     (0.375, None)
     """
-    if "+stage" not in mode:
-        return None
-    return float(mode.split("+stage")[1].split("+")[0])
+    value = _option(mode, "stage")
+    return None if value is None else float(value)
 
 
 def _depth(mode: str) -> int:
     """Batches per read-ahead window of a mode: "disk+prefetch4+ahead" -> 4, "disk+prefetch" -> 1."""
-    if "+prefetch" not in mode:
-        return 1
-    digits = mode.split("+prefetch")[1].split("+")[0]
-    return int(digits or 1)
+    return int(_option(mode, "prefetch") or 1)
 
 
 class Runner:

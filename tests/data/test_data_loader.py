@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -84,14 +84,20 @@ def test_early_stop_stops_the_producer() -> None:
     assert _wait_gone("tierec-")
 
 
-def test_slow_consumer_bounded_queue() -> None:
-    produced = []
+def _counted(n: int) -> tuple[list[int], Callable[[], Iterator[int]]]:
+    """(the items made so far, a maker of ``0 .. n - 1`` that records each as it makes it)."""
+    produced: list[int] = []
 
     def items() -> Iterator[int]:
-        for i in range(100):
+        for i in range(n):
             produced.append(i)
             yield i
 
+    return produced, items
+
+
+def test_slow_consumer_bounded_queue() -> None:
+    produced, items = _counted(100)
     it = prefetch(items, depth=3)
     assert next(it) == 0
     time.sleep(0.2)
@@ -104,13 +110,7 @@ def test_slow_consumer_bounded_queue() -> None:
 
 
 def test_a_lockstep_producer_makes_the_next_item_only_once_the_last_was_taken() -> None:
-    produced = []
-
-    def items() -> Iterator[int]:
-        for i in range(100):
-            produced.append(i)
-            yield i
-
+    produced, items = _counted(100)
     it = prefetch(items, depth=1, lockstep=True)
     for k in range(5):
         assert next(it) == k

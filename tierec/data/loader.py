@@ -94,7 +94,8 @@ def prefetch(
     try:
         while True:
             item = q.get()
-            taken.release()
+            if lockstep:
+                taken.release()
             if item is _DONE:
                 return
             if isinstance(item, _Failed):

@@ -164,6 +164,27 @@ def test_host_tier_reuses_low_slots() -> None:
     assert h.alloc(10).tolist() == list(range(10)) and h.high == 2000
 
 
+@pytest.mark.parametrize("reads", ["direct", "buffered"])
+def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path, reads) -> None:
+    """Records close together share one request, read up to 1 MiB per call: 28-byte records straddle the
+    calls' ends, in a file of 4 MiB; on demand and ahead the records are those written."""
+    d = DiskTier(str(tmp_path), width=6, io_threads=3)
+    if reads == "buffered" and d.dfd >= 0:
+        os.close(d.dfd)
+        d.dfd = -1
+    n = (4 << 20) // 28
+    recs = np.random.default_rng(4).standard_normal((n, 6)).astype(np.float32)
+    slots = d.append(np.arange(n), recs)
+    g = np.random.default_rng(5)
+    every_other = g.permutation(np.arange(0, n, 2))  # runs of one record: one starts near every call's end
+    for want in (every_other, g.choice(n, 20_000, replace=False), np.arange(n - 40_000, n), g.integers(0, n, 3000)):
+        assert np.array_equal(d.read(slots[want]), recs[want])
+        ahead = d.submit_read(slots[want]).result()  # [m, 1 + W]: the lid header, then the payload
+        assert np.array_equal(ahead[:, 1:], recs[want]) and np.array_equal(ahead[:, 0].view(np.int32), want)
+    assert (d.dfd >= 0) == (reads == "direct")  # no read came back short (that would turn O_DIRECT off)
+    d.close()
+
+
 @pytest.mark.parametrize("reads", ["direct", "buffered", "cached"])
 def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
     d = DiskTier(str(tmp_path), width=3, segment_rows=8, io_threads=4, drop_cache=reads != "cached")

@@ -10,15 +10,15 @@ from tierec.embedding.hash_index import Deduper
 from tierec.embedding.table import TableConfig
 from tierec.store.group import TieredGroup
 from tierec.store.spec import TierSpec
-from tierec.store.staging import BatchIds
+from tierec.store.staging import BatchIds, SeenBatch, compose_window
 
 DIM = 4
 REC = 4 * (DIM + 1)
 TABLES = 3
 
 
-def _group(tmp_path, name: str) -> TieredGroup:
-    spec = TierSpec(cache_bytes=160 * REC, host_bytes=48 * REC, disk_dir=str(tmp_path / name))
+def _group(tmp_path, name: str, horizon: int = 0) -> TieredGroup:
+    spec = TierSpec(cache_bytes=160 * REC, host_bytes=48 * REC, disk_dir=str(tmp_path / name), horizon=horizon)
     tables = [TableConfig(name=f"t{i}", dim=DIM, features=[f"f{i}"]) for i in range(TABLES)]
     return TieredGroup(tables, spec, seed=1)
 
@@ -109,3 +109,48 @@ def test_lookups_from_the_window_equal_lookups_that_probe(tmp_path) -> None:
 def _stage_args(batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     k, tb, _ = Deduper()(np.concatenate([x for x, _ in batches]), np.concatenate([t for _, t in batches]))
     return k, tb, np.ones(k.shape[0], dtype=np.int32)
+
+
+def _seen(g: TieredGroup, keys: np.ndarray, tabs: np.ndarray) -> SeenBatch:
+    """What StorePipeline.foresee keeps of a batch: its own dedupe and the lids the horizon's look found."""
+    uk, ut, inverse = Deduper()(keys, tabs)
+    return SeenBatch(uk, ut, inverse.astype(np.int32), g.foresee(uk, ut))
+
+
+def test_a_window_composed_from_its_foreseen_batches_is_the_windows_own_dedupe_and_probe(tmp_path) -> None:
+    """With a horizon the window starts from its batches' dedupes and lids: the same pairs and positions as one
+    dedupe of the window, and the same lids as a probe at staging, also for pairs that got a row after their
+    batch was foreseen; after a deletion the window probes every pair again."""
+    g = _group(tmp_path, "g", horizon=8)
+    rng = np.random.default_rng(2)
+    for _ in range(4):  # rows in every tier
+        _train(g, *_batch(rng, 64, 400), resolve=False)
+    window = [_batch(rng, 64, 800) for _ in range(3)]  # ids never seen among them
+    seen = [_seen(g, *b) for b in window]
+    keys, tabs = np.concatenate([k for k, _ in window]), np.concatenate([t for _, t in window])
+    _train(g, keys[::3].copy(), tabs[::3].copy(), resolve=False)  # rows for some of them, after their foresee
+    k, tb, pos, found = compose_window(seen, Deduper())
+    uk, ut, inverse = Deduper()(keys, tabs)
+    assert np.array_equal(k, uk) and np.array_equal(tb, ut)
+    assert np.array_equal(np.concatenate(pos), inverse)
+    now = g.index.find(k, tb)
+    known = found.lids >= 0
+    assert np.array_equal(found.lids[known], now[known])
+    assert ((found.lids < 0) & (now >= 0)).any()  # made after the foresee: probed again below
+    token = g.stage(k, tb, np.ones(k.shape[0], dtype=np.int32), [BatchIds(*b, p) for b, p in zip(window, pos)], found)
+    for b in window:
+        r = g.resolve(*b)
+        assert np.array_equal(r.lids, g.index.find(r.keys, r.tabs))
+    g.release_staged(token)
+    seen = [_seen(g, *b) for b in window]
+    gone = Deduper()(keys[:5], tabs[:5])[:2]
+    assert (g.index.find(*gone) >= 0).any()  # rows made above, foreseen with their lids
+    g.delete_records(*gone)
+    k, tb, pos, found = compose_window(seen, Deduper())
+    assert found.deletions != g.index.deletions  # stale: stage probes every pair
+    token = g.stage(k, tb, np.ones(k.shape[0], dtype=np.int32), [BatchIds(*b, p) for b, p in zip(window, pos)], found)
+    for b in window:
+        r = g.resolve(*b)
+        assert np.array_equal(r.lids, g.index.find(r.keys, r.tabs))  # the deleted pairs' stale lids not used
+    g.release_staged()
+    g.close()

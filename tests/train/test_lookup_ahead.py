@@ -145,9 +145,9 @@ def test_the_stage_on_a_thread_of_its_own_trains_as_on_the_steps_thread(
     stage_threads: set[str] = set()
     stage = StorePipeline.stage
 
-    def named(self, window, first):
+    def named(self, window, first, seen=None):
         stage_threads.add(threading.current_thread().name)
-        return stage(self, window, first)
+        return stage(self, window, first, seen)
 
     monkeypatch.setattr(StorePipeline, "stage", named)
     tiers = ["store.prefetch=true", "store.horizon=6", "train.epochs=2", "train.checkpoint_every=7"]

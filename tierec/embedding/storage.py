@@ -82,12 +82,14 @@ class Prefetching(Protocol):
         """Start reading ahead the slow-tier rows of unique pairs (changes no number); ``next_use``: the lookup
         each is last needed at, counted from now; a token or None. A storage that also has
         ``resolve(keys, tabs)`` (the tiers) takes a fourth argument, the window's batches
-        (tierec.store.staging.BatchIds), and resolves each batch's lookup from the window's dedupe and probe."""
+        (tierec.store.staging.BatchIds), and resolves each batch's lookup from the window's dedupe and probe,
+        and a fifth, the lids its ``foresee`` found of ``keys`` (tierec.store.staging.Found) or None."""
         ...
 
-    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> Any:
         """The unique pairs of the training batch after the last one foreseen, for eviction by next use
-        (tierec/store/horizon.py); reads nothing."""
+        (tierec/store/horizon.py); reads nothing. What it found of them (the fifth argument of ``stage``), or
+        None."""
         ...
 
     def release_staged(self, token: int | None = None) -> None:

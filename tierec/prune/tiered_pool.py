@@ -265,7 +265,7 @@ class ChunkReadAhead:
         return self.store.stage(ids, np.zeros(ids.size, dtype=np.int32), None if next_use is None else next_use[pair])
 
     def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
-        """Nothing: the chunk store's lookups are not one per batch (new rows' chunks and pruning steps look
+        """Nothing (and None found): the chunk store's lookups are not one per batch (new rows' chunks and pruning steps look
         chunks up too), so a horizon counted in batches would not line up with them."""
 
     def release_staged(self, token: int | None = None) -> None:

@@ -95,7 +95,7 @@ from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
 from tierec.store.rowcopy import gather_rows
-from tierec.store.staging import BatchIds, Resolved, Staging, WindowIds
+from tierec.store.staging import BatchIds, Found, Resolved, Staging, WindowIds
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
 from tierec.store.spec import Counter, TierSpec
@@ -296,12 +296,14 @@ class TierStore:
 
     def stage(
         self, keys: np.ndarray, tabs: np.ndarray, next_use: np.ndarray | None = None,
-        batches: list[BatchIds] | None = None,
+        batches: list[BatchIds] | None = None, found: Found | None = None,
     ) -> int | None:
         """Start reading ahead the disk records of unique (table, id) pairs an upcoming window of batches
         needs; returns a token for :meth:`release_staged` (None when nothing had to be read nor kept).
         ``batches``: the window's batches, each's ids as its lookup will give them and their positions among
-        ``keys``: the window keeps them with the lids probed here, for :meth:`resolve`.
+        ``keys``: the window keeps them with the lids probed here, for :meth:`resolve`. ``found``: the lids of
+        ``keys`` as :meth:`foresee` found them: only pairs without one then are probed again, while no row was
+        deleted since.
 
         Only rows that live on disk and are not in the fast tier (nor staged already) are read, on the
         disk tier's read-ahead threads; this returns at once. ``next_use`` [U]: for each pair, how many
@@ -316,7 +318,10 @@ class TierStore:
         with self._lock:
             try:
                 d = self.index
-                lids, cs, loc, home = d.probe(keys, tabs)
+                if found is not None and found.deletions == d.deletions:
+                    lids, cs, loc, home = d.probe_known(keys, tabs, found.lids)
+                else:
+                    lids, cs, loc, home = d.probe(keys, tabs)
                 ids = None if batches is None else WindowIds(keys, tabs, lids, d.deletions, batches)
                 known = lids >= 0
                 lids, cs, loc, home = lids[known], cs[known], loc[known], home[known]
@@ -342,14 +347,18 @@ class TierStore:
             finally:
                 self.timers["prefetch_s"] += time.perf_counter() - t0
 
-    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> None:
+    def foresee(self, keys: np.ndarray, tabs: np.ndarray) -> Found | None:
         """The unique (table, id) pairs of the training batch after the last one foreseen (the first: the next
         lookup's): eviction ranks rows by their next use in the ``spec.horizon`` batches ahead
-        (tierec/store/horizon.py); pairs without a row count from the lookup that makes it. Reads nothing."""
+        (tierec/store/horizon.py); pairs without a row count from the lookup that makes it. Reads nothing;
+        returns the lids found (for the window's :meth:`stage`), None without a horizon."""
         with self._lock:
-            if self.horizon.length:
-                tabs = tabs.astype(np.int32, copy=False)
-                self.horizon.foresee(keys, tabs, self.index.find(keys, tabs), step=self.train_steps)
+            if not self.horizon.length:
+                return None
+            tabs = tabs.astype(np.int32, copy=False)
+            lids = self.index.find(keys, tabs)
+            self.horizon.foresee(keys, tabs, lids, step=self.train_steps)
+            return Found(lids, self.index.deletions)
 
     def release_staged(self, token: int | None = None) -> None:
         """Drop a window of records read ahead (all of them without a token: the pipeline stopped, and the

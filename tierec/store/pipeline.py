@@ -33,7 +33,13 @@ among its unique pairs and the rows its probe found
 there (:meth:`~tierec.store.group.TierStore.resolve`) instead of its own
 dedupe and probe. The positions and tables take 8 bytes per id of the
 window's batches, beside the batches themselves, which the stage holds anyway
-(outside ``store.memory_budget``, as the loader's batches are).
+(outside ``store.memory_budget``, as the loader's batches are). With a
+horizon the window starts from what ``foresee`` found of its batches
+(:func:`~tierec.store.staging.compose_window`): one dedupe of their unique
+pairs rather than of all their ids, and a probe of only the pairs that had no
+row then; each batch held for the horizon keeps them (4 bytes per id, 20 per
+unique pair). That took a window's stage from 37 to 16 ms of CPU at 4x with
+int8 rows, the CPU burst of one step in four.
 
 Exact by construction: reading ahead changes no number (a lookup uses a
 record read ahead only while it is still the row's record; with fp32 cold rows
@@ -69,7 +75,7 @@ import numpy as np
 
 from tierec.data.loader import prefetch
 from tierec.embedding.hash_index import Deduper
-from tierec.store.staging import BatchIds
+from tierec.store.staging import BatchIds, SeenBatch, compose_window
 
 LEAD = 1  # a window's reads start this many batches before its first one (see the module docstring)
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
@@ -158,12 +164,12 @@ class StorePipeline:
             "smallest_window": self.smallest_window,
         }
 
-    def stage(self, window: list[Any], first: int) -> list[tuple[Any, int]]:
+    def stage(self, window: list[Any], first: int, seen: list[list[SeenBatch]] | None = None) -> list[tuple[Any, int]]:
         """Start the reads of a window of batches, the first of them ``first`` lookups from now, in every tiered
-        group; (group, token) of each."""
+        group; (group, token) of each. ``seen``: per batch, what ``foresee`` found of it (per target)."""
         t0 = time.perf_counter()
         tokens = []
-        for t in self.targets:
+        for i, t in enumerate(self.targets):
             keys, tabs = [], []
             for batch in window:
                 ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
@@ -171,29 +177,37 @@ class StorePipeline:
                 tabs.append(tb)
             if not sum(k.shape[0] for k in keys):
                 continue
-            k, tb, inverse = self._dedupe(np.concatenate(keys), np.concatenate(tabs))
-            ends = np.cumsum([x.shape[0] for x in keys])
-            pos = np.split(inverse.astype(np.int32), ends[:-1])  # each batch's positions among the unique pairs
+            found = None
+            if seen is None:
+                k, tb, inverse = self._dedupe(np.concatenate(keys), np.concatenate(tabs))
+                ends = np.cumsum([x.shape[0] for x in keys])
+                pos = np.split(inverse.astype(np.int32), ends[:-1])  # each batch's positions among the unique pairs
+            else:
+                k, tb, pos, found = compose_window([s[i] for s in seen], self._dedupe)
             next_use = np.zeros(k.shape[0], dtype=np.int32)
             for j, p in enumerate(pos):  # the window's last use of each row: later batches write over earlier ones
                 next_use[p] = first + j
             if t.ids is None:
                 token = t.group.stage(k, tb, next_use)
             else:  # the window keeps each batch's positions among its unique pairs, for the batch's lookup
-                token = t.group.stage(k, tb, next_use, [BatchIds(x, y, p) for x, y, p in zip(keys, tabs, pos)])
+                token = t.group.stage(k, tb, next_use, [BatchIds(x, y, p) for x, y, p in zip(keys, tabs, pos)], found)
             if token is not None:
                 tokens.append((t.group, token))
         self.stage_s += time.perf_counter() - t0
         return tokens
 
-    def foresee(self, batch: Any) -> None:
-        """Show every store the unique ids of the next batch (after those shown before) for its horizon."""
+    def foresee(self, batch: Any) -> list[SeenBatch]:
+        """Show every store the unique ids of the next batch (after those shown before) for its horizon; per
+        target, what it found (for the window that will hold the batch)."""
         t0 = time.perf_counter()
+        seen = []
         for t in self.targets:
             ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
-            k, tb, _ = self._dedupe(ids.astype(np.int64, copy=False), tb)
-            t.group.foresee(k, tb)
+            k, tb, inverse = self._dedupe(ids.astype(np.int64, copy=False), tb)
+            found = t.group.foresee(k, tb)
+            seen.append(SeenBatch(k.copy(), tb.copy(), inverse.astype(np.int32), found))  # k: a view of n ids
         self.foresee_s += time.perf_counter() - t0
+        return seen
 
     def run(self, batches: Iterable[Any], thread: bool = False) -> Iterator[Any]:
         """The batches of ``batches`` in order, the disk reads of the next window running behind each.
@@ -226,6 +240,7 @@ class StorePipeline:
         go at the end (else the caller clears them, once it has had the last batch)."""
         source = iter(batches)
         ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
+        seen: deque[list[SeenBatch]] = deque()  # with a horizon: what foresee found of each batch in ``ahead``
         windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
 
         def pull(n: int) -> None:
@@ -238,7 +253,7 @@ class StorePipeline:
                 finally:
                     self.wait_s += time.perf_counter() - t0
                 if self.horizon:
-                    self.foresee(ahead[-1])
+                    seen.append(self.foresee(ahead[-1]))
 
         t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
@@ -251,7 +266,8 @@ class StorePipeline:
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
                         break
-                    windows.append((start + len(window), self.stage(window, start - t + 1 + lag)))  # batch t: lookup 1
+                    found = list(seen)[start - t : start - t + len(window)] if self.horizon else None
+                    windows.append((start + len(window), self.stage(window, start - t + 1 + lag, found)))  # t: lookup 1
                     start += len(window)
                     self._adapt()
                 pull(1 + self.horizon)  # batch t, and the horizon's batches after it foreseen
@@ -259,6 +275,8 @@ class StorePipeline:
                     return
                 t += 1
                 self.batches += 1
+                if seen:
+                    seen.popleft()
                 yield ahead.popleft()
         finally:
             for _, w in windows:

@@ -31,6 +31,7 @@ a probe (tests/store/test_window_ids.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba as nb
@@ -71,6 +72,45 @@ class Resolved:
     inverse: np.ndarray  # [n] int64 id occurrence -> unique position
     lids: np.ndarray  # [u] int64 lid when the window was probed, -1 unknown then
     deletions: int  # valid while the directory's deletions equal this
+
+
+@dataclass(frozen=True)
+class Found:
+    """The lids a probe found for some pairs (-1: no row then), valid while the directory's deletions equal
+    ``deletions`` (a pair's lid changes only when its row is deleted)."""
+
+    lids: np.ndarray  # [n] int64
+    deletions: int
+
+
+@dataclass(frozen=True)
+class SeenBatch:
+    """One batch as the horizon saw it (``TierStore.foresee``): its unique pairs in first-seen order, its ids'
+    positions among them and the lids found then (None: none found for us)."""
+
+    keys: np.ndarray  # [u] int64
+    tabs: np.ndarray  # [u] int32
+    inverse: np.ndarray  # [n] int32
+    found: Found | None
+
+
+def compose_window(
+    seen: list[SeenBatch], dedupe: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], Found | None]:
+    """A window's unique pairs (first-seen order), each batch's positions among them ([n] int32 each) and their
+    lids, from its batches' own dedupes: the pairs and positions of deduping the window's ids at once (a
+    batch's unique pairs come in its first-seen order) for a dedupe of fewer ids, and the lids the batches'
+    ``foresee`` found (-1 where the one kept found none: probed again), valid while no row was deleted since
+    the earliest of them."""
+    k, tb, inverse = dedupe(np.concatenate([s.keys for s in seen]), np.concatenate([s.tabs for s in seen]))
+    inverse = inverse.astype(np.int32)
+    ends = np.cumsum([0] + [s.keys.shape[0] for s in seen])
+    pos = [inverse[lo:hi][s.inverse] for s, lo, hi in zip(seen, ends[:-1], ends[1:])]
+    if any(s.found is None for s in seen):
+        return k, tb, pos, None
+    lids = np.full(k.shape[0], -1, dtype=np.int64)
+    lids[inverse] = np.concatenate([s.found.lids for s in seen])
+    return k, tb, pos, Found(lids, min(s.found.deletions for s in seen))
 
 
 @dataclass

@@ -166,7 +166,7 @@ def test_host_tier_reuses_low_slots() -> None:
 
 @pytest.mark.parametrize("reads", ["direct", "buffered"])
 def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path, reads) -> None:
-    """Records close together share one request, read up to 1 MiB per call: 28-byte records straddle the
+    """Records close together share one request, read up to 256 KiB per call: 28-byte records straddle the
     calls' ends, in a file of 4 MiB; on demand and ahead the records are those written."""
     d = DiskTier(str(tmp_path), width=6, io_threads=3)
     if reads == "buffered" and d.dfd >= 0:

@@ -72,7 +72,8 @@ _fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
 _DONTNEED = os.POSIX_FADV_DONTNEED
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _DIRECT_ALIGN = 512  # O_DIRECT offsets, lengths and buffers: multiples of the logical block size
-_DIRECT_CHUNK = 1 << 20  # bytes per O_DIRECT read call at most (calls of 64 KiB cost the read threads 1.5x the CPU)
+_DIRECT_CHUNK = 1 << 18  # bytes per O_DIRECT read call at most: 64 KiB cost the read threads 1.5x the CPU, 1 MiB little less
+# than this and 8 MiB of scratch over the read threads
 _DIRECT_GAP = 16384  # records closer than this share one O_DIRECT read: fewer requests, a few more bytes
 
 

@@ -33,6 +33,7 @@ def test_round_trip_through_dict() -> None:
         ("train.batch_size=big", "train.batch_size must be an integer"),
         ("embedding.optimizer.kind=lamb", "OptimizerKind"),
         ("train.batch_size", "section.key=value"),
+        ("store.leave_core=yes", "store.leave_core 'yes' is not one of auto, on, off"),
     ],
 )
 def test_bad_values_are_named(override: str, message: str) -> None:

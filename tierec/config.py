@@ -191,6 +191,7 @@ class TrainConfig:
     seed: int = 0  # seed of the initialisation, the data order and dropout
     # torch intra-op threads; 0 = torch's default (every core), less one while tiers with compact cold rows look
     # the next batch up ahead (store.lookup_ahead on one process): that lookup and the read-ahead stage get a core
+    # (store.leave_core)
     threads: int = 0
     progress: bool = True  # a progress bar (a line every 30 s when stderr is not a terminal)
     device: str = "cpu"  # cpu | cuda | cuda:N: where the dense model runs (and the rows that can: docs/gpu.md)
@@ -313,6 +314,11 @@ class StoreConfig:
     cold_precision: str = "fp32"  # rows in the host and disk tiers: fp32 | bf16 | int8 (see above)
     # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
     lookup_ahead: bool = True
+    # with that lookup ahead and train.threads = 0: the step runs on one thread fewer, leaving that lookup and the
+    # read-ahead stage a core. auto = with compact cold rows (fp32 rows then give the numbers of the same run in
+    # memory); on = fp32 rows too (at 4x with a horizon 0.50x of in memory against 0.42x: docs/performance.md,
+    # the dense step's rounding then that of a run on one thread fewer); off = never
+    leave_core: str = "auto"
     # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.
     # 128 on a fixed table 4x and 16x its budget: 1.1-1.6x the samples/s of none, disk reads 1.10x (int8) /
     # 1.22x (fp32) of Belady's minimum against 1.55x / 1.71x; on a stream of new ids (21M) slower in wall time,
@@ -333,6 +339,8 @@ class StoreConfig:
             raise ConfigError("store.prefetch_depth must be >= 1")
         if self.horizon < 0:
             raise ConfigError(f"store.horizon must be >= 0 (batches), got {self.horizon}")
+        if self.leave_core not in {"auto", "on", "off"}:
+            raise ConfigError(f"store.leave_core {self.leave_core!r} is not one of auto, on, off")
         if self.cold_precision not in {p.value for p in ColdPrecision}:
             raise ConfigError(f"store.cold_precision {self.cold_precision!r} is not one of {[p.value for p in ColdPrecision]}")
         names = [t.name for t in self.tables]

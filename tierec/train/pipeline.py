@@ -25,18 +25,19 @@ For batch ``t`` the stages are:
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
 
 Where a lookup runs ahead in tiers with compact cold rows (``store.cold_precision``
-int8 or bf16) and ``train.threads`` is 0, the loop leaves the store a core: torch
+int8 or bf16; with fp32 ones too where ``store.leave_core`` is on) and
+``train.threads`` is 0, the loop leaves the store a core: torch
 and numba run on one thread fewer than the process's (:meth:`threads`; in every
 step, as the dense step's rounding depends on the count), and the store's stage 3
 runs on a thread of its own beside the lookup
 (``StorePipeline.run(thread=True)``) instead of on the step's thread between
 steps. On 2 cores that ran at 1.15-1.3x the samples/s of the dense step on both
 cores with the tiers' threads squeezed beside it (docs/performance.md, "Tables
-beyond memory"). With fp32 cold rows it gained 0-10% on the 4x and 16x tables
-and lost on the 21M-id stream, and the tiered run would no longer give the
-numbers of the same run in memory, so there the step keeps every thread, as it
-does with an explicit ``train.threads``; only its row update leaves the lookup
-a numba thread.
+beyond memory"). With fp32 cold rows it ran at 1.2x at 4x with a horizon and
+about even on the 21M-id stream, and the tiered run would no longer give the
+numbers of the same run in memory, so there (``store.leave_core = "auto"``) the
+step keeps every thread, as it does with an explicit ``train.threads``; only
+its row update leaves the lookup a numba thread.
 
 No stage changes a number: each only moves work earlier, and the step is the
 sequential step (tests/train/test_pipeline.py, tests/embedding/test_ahead.py,
@@ -105,12 +106,13 @@ class TrainPipeline:
             getattr(g, "lookup_ahead", None) is not None for g in parts.embeddings.groups
         )
         self.ahead = LookAhead(parts.embeddings, probe=probe, bring_up=bring_up) if probe or bring_up else None
-        # with compact cold rows the lookup run ahead in the tiers gets a core of its own: the training loop runs on
-        # one torch (and numba) thread fewer, in every step (the dense step's rounding depends on the count), unless
-        # train.threads says how many. fp32 cold rows keep every thread: the tiered run then gives the numbers of
-        # the same run in memory, and a core left gained little there (docs/performance.md). None: the process's
+        # with compact cold rows (store.leave_core auto) the lookup run ahead in the tiers gets a core of its own:
+        # the training loop runs on one torch (and numba) thread fewer, in every step (the dense step's rounding
+        # depends on the count), unless train.threads says how many. fp32 cold rows keep every thread unless
+        # store.leave_core is on: the tiered run then gives the numbers of the same run in memory. None: the process's
         n = torch.get_num_threads()
-        leave_core = bring_up and self.store.lossy and not cfg.train.threads
+        leave = {"on": True, "off": False, "auto": self.store.lossy}[cfg.store.leave_core]
+        leave_core = bring_up and leave and not cfg.train.threads
         self.step_threads = n - 1 if leave_core and n > 1 else None
         self._quiet: Callable[[], bool] | None = None  # run()'s: may the tables move on to the next batch now?
         # stage 3 on several processes: the next batch's ids go out while this batch computes (in a job every

@@ -9,8 +9,9 @@ batches held come on top of the read-ahead windows' (outside
 ``store.memory_budget``). ``depth`` 0 foresees without reading ahead
 (``store.prefetch = false``).
 
-Batches go through in order, in windows of up to ``depth`` (k) batches. Three batches
-before a window starts (``LEAD``; the window's length where that is less), the rows of its batches are deduplicated
+Batches go through in order, in windows of up to ``depth`` (k) batches. Once the
+previous window's first batch was looked up (``lead``: k - 1 batches before the
+window starts; one for windows of 1 or 2), the rows of its batches are deduplicated
 per tiered group and handed to the group's
 :meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
@@ -49,10 +50,11 @@ changes no value), so any ``depth`` trains exactly as none
 
 ``stats()``: rows read ahead and used, the reads' wall time and the part of
 it the step waited for (``wait_s``): the rest was hidden behind compute.
-Measured (docs/performance.md, "Tables beyond memory"): a window's reads
-starting three batches ahead hid 98-100% of them at 4x with a horizon and a core
+Measured (docs/performance.md, "Tables beyond memory"): windows of 4 read from
+three batches ahead hid 98-100% of their reads at 4x with a horizon and a core
 left to the store, against 37% (fp32 rows: 0.54x of in memory against 0.40x)
-and 82% (int8) one batch ahead, windows of 4 beat 8 at 4x (8 outgrew its share of the budget), and
+and 82% (int8) from one batch ahead; windows of 2 (16x) read from two ahead
+left no room for the next (windows of 1, 3.4x the requests), windows of 4 beat 8 at 4x (8 outgrew its share of the budget), and
 reading each next batch's newly evicted rows a step ahead cost more (a second
 dedupe and probe per step) than it hid.
 
@@ -78,7 +80,6 @@ from tierec.data.loader import prefetch
 from tierec.embedding.hash_index import Deduper
 from tierec.store.staging import BatchIds, SeenBatch, compose_window
 
-LEAD = 3  # a window's reads start this many batches before its first one (see the module docstring)
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
 # next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
 HELD = 1
@@ -262,7 +263,7 @@ class StorePipeline:
                 while windows and windows[0][0] + HELD + lag <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
                 # the next window starts soon: read it (``lag`` batches ahead, at the lookups' same point as without)
-                while self.depth and t + min(LEAD, self.window) >= start + lag:
+                while self.depth and t + max(1, self.window - 1) >= start + lag:
                     pull(start - t + self.window)
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:

@@ -316,7 +316,7 @@ class StoreConfig:
     lookup_ahead: bool = True
     # with that lookup ahead and train.threads = 0: the step runs on one thread fewer, leaving that lookup and the
     # read-ahead stage a core. auto = with compact cold rows (fp32 rows then give the numbers of the same run in
-    # memory); on = fp32 rows too (at 4x with a horizon 0.50x of in memory against 0.42x: docs/performance.md,
+    # memory); on = fp32 rows too (at 4x with a horizon 0.50x of in memory against 0.39x: docs/performance.md,
     # the dense step's rounding then that of a run on one thread fewer); off = never
     leave_core: str = "auto"
     # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.

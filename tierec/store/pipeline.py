@@ -242,7 +242,7 @@ class StorePipeline:
         go at the end (else the caller clears them, once it has had the last batch)."""
         source = iter(batches)
         ahead: deque[Any] = deque()  # batches t, t + 1, ... pulled from the source
-        seen: deque[list[SeenBatch]] = deque()  # with a horizon: what foresee found of each batch in ``ahead``
+        seen: deque[list[SeenBatch]] = deque()  # with a horizon and windows: what foresee found of each batch in ``ahead``
         windows: deque[tuple[int, list[tuple[Any, int]]]] = deque()  # (batch after its last, tokens)
 
         def pull(n: int) -> None:
@@ -255,7 +255,9 @@ class StorePipeline:
                 finally:
                     self.wait_s += time.perf_counter() - t0
                 if self.horizon:
-                    seen.append(self.foresee(ahead[-1]))
+                    looked = self.foresee(ahead[-1])
+                    if self.depth:  # kept for the batch's window (without reading ahead there is none)
+                        seen.append(looked)
 
         t = start = 0  # the next batch to hand out; the first batch of the next window
         try:
@@ -268,7 +270,7 @@ class StorePipeline:
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
                         break
-                    found = list(seen)[start - t : start - t + len(window)] if self.horizon else None
+                    found = list(seen)[start - t : start - t + len(window)] if seen else None
                     windows.append((start + len(window), self.stage(window, start - t + 1 + lag, found)))  # t: lookup 1
                     start += len(window)
                     self._adapt()

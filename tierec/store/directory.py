@@ -471,9 +471,14 @@ class Directory:
             _probe(*args)
         return lids, cs, loc, home
 
-    def probe_known(self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``probe`` of pairs whose lids an earlier probe found (``lids``, -1 where it found none; no row was
-        deleted since): only those -1 are probed again (they may have been inserted since)."""
+    def probe_known(
+        self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray, deletions: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``probe`` of pairs whose lids an earlier probe found (``lids``, -1 where it found none) when the
+        directory's ``deletions`` were ``deletions``: while no row was deleted since, only those -1 are probed
+        again (they may have been inserted since); else every pair."""
+        if deletions != self.deletions:
+            return self.probe(keys, tabs)
         lids = lids.copy()
         unknown = np.flatnonzero(lids < 0)
         if unknown.size:

@@ -233,8 +233,8 @@ class TierStore:
             elif self.disk is not None:
                 self._compact_some()
         d = self.index
-        if known is not None and known.deletions == d.deletions:  # no row deleted since the window's probe
-            lids, cs, loc, home = d.probe_known(keys, tabs, known.lids)
+        if known is not None:  # from the window's probe (all of them again if a row was deleted since)
+            lids, cs, loc, home = d.probe_known(keys, tabs, known.lids, known.deletions)
         else:
             lids, cs, loc, home = d.probe(keys, tabs)  # [U] each
         rows = np.full(keys.shape[0], -1, dtype=np.int64)
@@ -318,8 +318,8 @@ class TierStore:
         with self._lock:
             try:
                 d = self.index
-                if found is not None and found.deletions == d.deletions:
-                    lids, cs, loc, home = d.probe_known(keys, tabs, found.lids)
+                if found is not None:
+                    lids, cs, loc, home = d.probe_known(keys, tabs, found.lids, found.deletions)
                 else:
                     lids, cs, loc, home = d.probe(keys, tabs)
                 ids = None if batches is None else WindowIds(keys, tabs, lids, d.deletions, batches)

@@ -200,14 +200,15 @@ class StorePipeline:
 
     def foresee(self, batch: Any) -> list[SeenBatch]:
         """Show every store the unique ids of the next batch (after those shown before) for its horizon; per
-        target, what it found (for the window that will hold the batch)."""
+        target, what it found (for the window that will hold the batch; nothing without windows)."""
         t0 = time.perf_counter()
         seen = []
         for t in self.targets:
             ids, tb = t.batch_ids(batch.sparse if hasattr(batch, "sparse") else batch)
             k, tb, inverse = self._dedupe(ids.astype(np.int64, copy=False), tb)
             found = t.group.foresee(k, tb)
-            seen.append(SeenBatch(k.copy(), tb.copy(), inverse.astype(np.int32), found))  # k: a view of n ids
+            if self.depth:  # k: a view of n ids
+                seen.append(SeenBatch(k.copy(), tb.copy(), inverse.astype(np.int32), found))
         self.foresee_s += time.perf_counter() - t0
         return seen
 
@@ -256,7 +257,7 @@ class StorePipeline:
                     self.wait_s += time.perf_counter() - t0
                 if self.horizon:
                     looked = self.foresee(ahead[-1])
-                    if self.depth:  # kept for the batch's window (without reading ahead there is none)
+                    if looked:  # kept for the batch's window (without reading ahead there is none)
                         seen.append(looked)
 
         t = start = 0  # the next batch to hand out; the first batch of the next window
@@ -270,8 +271,8 @@ class StorePipeline:
                     window = list(ahead)[start - t : start - t + self.window]
                     if not window:
                         break
-                    found = list(seen)[start - t : start - t + len(window)] if seen else None
-                    windows.append((start + len(window), self.stage(window, start - t + 1 + lag, found)))  # t: lookup 1
+                    looks = list(seen)[start - t : start - t + len(window)] if seen else None
+                    windows.append((start + len(window), self.stage(window, start - t + 1 + lag, looks)))  # t: lookup 1
                     start += len(window)
                     self._adapt()
                 pull(1 + self.horizon)  # batch t, and the horizon's batches after it foreseen

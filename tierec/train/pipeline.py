@@ -155,8 +155,8 @@ class TrainPipeline:
     @contextmanager
     def threads(self) -> Iterator[None]:
         """Inside: torch's and numba's threads are the training loop's (``step_threads``: one fewer than the
-        process's where a lookup runs ahead in tiers with compact cold rows and ``train.threads`` is 0); the
-        counts before come back after."""
+        process's where a lookup runs ahead in the tiers, ``store.leave_core`` leaves them a core and
+        ``train.threads`` is 0); the counts before come back after."""
         if self.step_threads is None or torch.get_num_threads() == self.step_threads:
             yield
             return

@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
     p.add_argument("--modes", default="memory,disk,disk+prefetch4+ahead,disk+prefetch4+ahead+horizon128",
                    help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead; "
-                        "+horizonN: store.horizon, else 0; +core: store.leave_core = on; +cacheF: the fast tier F of the budget, else --cache-frac; +stageF: the "
+                        "+horizonN: store.horizon, else 0; +core: store.leave_core = on; +ioE: store.io_engine = E (aio, threads); +cacheF: the fast tier F of the budget, else --cache-frac; +stageF: the "
                         "read-ahead windows F of it, the host tier the rest)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
@@ -245,6 +245,7 @@ class Runner:
                 f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
                 f"store.horizon={_horizon(mode)}",  # the ids of this many batches ahead rank eviction
                 f"store.leave_core={'auto' if _option(mode, 'core') is None else 'on'}",  # "+core": fp32 rows leave a core too
+                f"store.io_engine={_option(mode, 'io') or 'auto'}",  # "+iothreads": blocking reads on threads, "+ioaio"
                 # "+stageF": the windows F of the budget, the host tier what the fast tier and they leave
                 *([] if stage is None else [f"store.host_size={self.budget - cache - int(self.budget * stage)}"]),
                 *a.store_set,

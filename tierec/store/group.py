@@ -140,6 +140,7 @@ class TierStore:
                 spec.disk_dir,
                 self.codec.words,
                 io_threads=spec.io_threads,
+                io_engine=spec.io_engine,
                 drop_cache=spec.drop_page_cache,
                 segment_rows=spec.disk_segment_rows,
                 max_ratio=spec.disk_max_ratio,

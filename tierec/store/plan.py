@@ -188,6 +188,7 @@ class StorePlan:
             sketch_width=cfg.sketch_width,
             sketch_depth=cfg.sketch_depth,
             io_threads=cfg.io_threads,
+            io_engine=cfg.io_engine,
             drop_page_cache=cfg.drop_page_cache,
             cache_key=f"{where}.cache_size" + ("" if given_cache else f" ({part_text} of {where}.memory_budget unless set)"),
             cold_precision=cfg.cold_precision,

@@ -60,7 +60,8 @@ class TierSpec:
     ttl_steps: int = 0  # delete rows unused for this many training steps (0 = off)
     sketch_width: int = 1 << 20  # count-min sketch of not-admitted ids: counters per row
     sketch_depth: int = 4
-    io_threads: int = 8  # concurrent disk reads
+    io_threads: int = 8  # concurrent disk reads (io_engine "threads")
+    io_engine: str = "auto"  # disk reads: "aio" (Linux native AIO), "threads" (blocking), auto: aio where offered
     drop_page_cache: bool = True  # drop the table file's pages after each I/O
     disk_segment_rows: int = 1 << 16  # records per disk segment (the unit of compaction)
     # compaction at each hotness pass keeps the disk file's segments in use at most this many slots per live

@@ -201,6 +201,26 @@ def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path
     d.close()
 
 
+def test_disk_tier_reads_by_blocking_calls_where_the_kernel_refuses_its_aio_context(tmp_path) -> None:
+    """A forked child inherits the tier but not its AIO context (the kernel's is the parent's): its reads fail
+    there, and the tier reads the same records by blocking calls from then on; the parent's stay on AIO."""
+    d = _disk(tmp_path, "aio", width=3, io_threads=2)
+    recs = np.random.default_rng(7).standard_normal((5000, 3)).astype(np.float32)
+    slots = d.append(np.arange(5000), recs)
+    assert np.array_equal(d.read(slots), recs)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it read the records and left AIO
+        ok = False
+        try:
+            ok = np.array_equal(d.read(slots[::-1]), recs[::-1]) and not d.aio and d.dfd >= 0
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert d.aio and np.array_equal(d.submit_read(slots[::2]).result()[:, 1:], recs[::2])
+    d.close()
+
+
 @pytest.mark.parametrize("reads", ["aio", "threads", "buffered", "cached"])
 def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
     d = _disk(tmp_path, reads, width=3, segment_rows=8, io_threads=4)

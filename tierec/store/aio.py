@@ -65,10 +65,21 @@ class AioContext:
 
         ``batch_of`` [n] (non-decreasing batch numbers) and ``on_done(b)``: called once every read of batch
         ``b`` and of the batches before it completed, so the caller may reuse their buffers: the reads of
-        batch ``b + 2`` are submitted only after ``on_done(b)`` returned."""
+        batch ``b + 2`` are submitted only after ``on_done(b)`` returned.
+
+        Whatever interrupts it (an error, ``KeyboardInterrupt``) first waits out the reads in flight (the
+        context is destroyed: :attr:`open` turns false), so no read lands in a buffer freed meanwhile."""
         n = int(offsets.shape[0])
         if n == 0:
             return
+        try:
+            self._read(fd, offsets, lengths, dsts, got, on_done, batch_of)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self, fd, offsets, lengths, dsts, got, on_done, batch_of) -> None:
+        n = int(offsets.shape[0])
         iocbs = np.zeros((n, _IOCB_WORDS), dtype=np.uint64)
         iocbs[:, 0] = np.arange(n, dtype=np.uint64)  # aio_data: the read's index
         iocbs[:, 2] = np.uint64(_PREAD) | (np.uint64(fd) << np.uint64(32))  # opcode, priority 0, descriptor
@@ -113,7 +124,12 @@ class AioContext:
                     on_done(finished)
                 finished += 1
 
+    @property
+    def open(self) -> bool:
+        return bool(self._ctx.value)
+
     def close(self) -> None:
+        """Destroy the context: the kernel cancels or waits out the reads in flight first."""
         if self._ctx.value:
             self._syscall(self._destroy, self._ctx)
             self._ctx = ctypes.c_ulong(0)

@@ -17,11 +17,13 @@ so few segments empty by themselves: with a fixed number of segments moved per
 pass the file kept growing (3.9x its live records after 1,200 steps of
 ``benchmarks.tiers --which disk``) and the read requests per step with it.
 
-Reads are random ``pread`` calls issued from numba kernels that release the
-GIL, from several threads at once (the device's queue depth). They go through
-an ``O_DIRECT`` descriptor, so they never enter the page cache: each read is
-the aligned 512-byte span around its records, and records less than 16 KiB
-apart share one read (fewer requests for a few more bytes). Appends are
+Reads go through an ``O_DIRECT`` descriptor, so they never enter the page
+cache: each read is the aligned 512-byte span around its records, and records
+less than 16 KiB apart share one read (fewer requests for a few more bytes).
+They reach the device through Linux native AIO (tierec/store/aio.py: 64 in
+flight from one thread, a batch per system call), or where the kernel refuses
+it (``io_engine = "threads"``) as blocking ``pread`` calls from numba kernels
+that release the GIL, on ``io_threads`` threads at once. Appends are
 synced and their pages dropped (``POSIX_FADV_DONTNEED``) on a flush thread, off
 the training step (a direct read of a range not yet synced writes it first).
 So the kernel does not quietly keep the table in RAM, and disk reads in
@@ -591,9 +593,14 @@ class DiskTier:
         try:
             ctx.read(self.dfd, req_pos, req_len, np.uint64(scratch.ctypes.data) + req_scr.astype(np.uint64), got,
                      on_done=copy_out, batch_of=batch)
+        except OSError:  # the kernel took the context but not the reads (e.g. in a forked child): blocking reads from now on
+            self._aio_offered = False
+            return _pread_spans(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes,
+                                out_bytes, scratch, (-scratch.ctypes.data) % _DIRECT_ALIGN, _DIRECT_CHUNK)
         finally:
-            with self._aio_lock:
-                self._aio_free.append(ctx)
+            if ctx.open:  # destroyed where a read was interrupted
+                with self._aio_lock:
+                    self._aio_free.append(ctx)
         return 0 if state[0] == int(run_len.sum()) * self.rec_bytes else -1
 
     def _map(self, fn, chunks: list[np.ndarray]) -> list[int]:

@@ -221,6 +221,33 @@ def test_disk_tier_reads_by_blocking_calls_where_the_kernel_refuses_its_aio_cont
     d.close()
 
 
+def test_disk_tier_reads_wait_for_a_context_where_the_kernel_opens_no_more(tmp_path) -> None:
+    """With every AIO context the kernel allows taken (``fs.aio-max-nr``: this test takes them), reads from four
+    threads at once share the tier's one context: each waits for it and gets the records written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tierec.store.aio import open_context
+
+    d = _disk(tmp_path, "aio", width=3, io_threads=2)
+    recs = np.random.default_rng(8).standard_normal((20_000, 3)).astype(np.float32)
+    slots = d.append(np.arange(20_000), recs)
+    hog = []
+    try:
+        while len(hog) < 20_000 and (ctx := open_context(64)) is not None:
+            hog.append(ctx)
+        if len(hog) == 20_000:
+            pytest.skip("this kernel allows more AIO contexts than the test takes")
+        picks = [np.random.default_rng(i).choice(20_000, 5_000, replace=False) for i in range(8)]
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda p: d.read(slots[p]), picks))
+        assert all(np.array_equal(g, recs[p]) for g, p in zip(got, picks))
+        assert d.aio and d._aio_live == 1
+    finally:
+        with ThreadPoolExecutor(64) as ex:  # each destroy waits out an RCU grace period: one by one, 30 s
+            list(ex.map(lambda c: c.close(), hog))
+    d.close()
+
+
 @pytest.mark.parametrize("reads", ["aio", "threads", "buffered", "cached"])
 def test_disk_tier_appends_reads_and_compacts(tmp_path, reads) -> None:
     d = _disk(tmp_path, reads, width=3, segment_rows=8, io_threads=4)

@@ -322,13 +322,15 @@ class DiskTier:
         self._flush_pool: ThreadPoolExecutor | None = None  # writes back and drops written pages, off the step
         self._flushes: list[tuple[Future, int]] = []  # (flush, bytes it covers) not yet seen to succeed
         # O_DIRECT reads through native AIO (tierec/store/aio.py): one context per reading thread, kept for reuse
-        self._aio_lock = threading.Lock()
+        self._aio_cond = threading.Condition()
         self._aio_free: list[AioContext] = []
+        self._aio_live = 0  # contexts open, free or in use
         self._aio_offered = False
         if io_engine != "threads" and self.dfd >= 0:
             ctx = open_context(_AIO_DEPTH)
             if ctx is not None:
                 self._aio_free.append(ctx)
+                self._aio_live = 1
                 self._aio_offered = True
             elif io_engine == "aio":
                 self.close()
@@ -566,11 +568,9 @@ class DiskTier:
         two scratch buffers (one batch's records copied out while the next one reads); 0, or -1 when a read
         failed or came back short of a record."""
         out_bytes = buf.reshape(-1).view(np.uint8)
-        with self._aio_lock:
-            ctx = self._aio_free.pop() if self._aio_free else None
-        if ctx is None:
-            ctx = open_context(_AIO_DEPTH)
-        if ctx is None:  # no context to be had (fs.aio-max-nr): this read by blocking calls
+        ctx = self._take_context()
+        if ctx is None:  # none left: this read by blocking calls, the next ones on the threads
+            self._aio_offered = False
             scratch = np.empty(_DIRECT_CHUNK + _DIRECT_ALIGN, dtype=np.uint8)
             return _pread_spans(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes,
                                 out_bytes, scratch, (-scratch.ctypes.data) % _DIRECT_ALIGN, _DIRECT_CHUNK)
@@ -598,10 +598,31 @@ class DiskTier:
             return _pread_spans(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes,
                                 out_bytes, scratch, (-scratch.ctypes.data) % _DIRECT_ALIGN, _DIRECT_CHUNK)
         finally:
-            if ctx.open:  # destroyed where a read was interrupted
-                with self._aio_lock:
-                    self._aio_free.append(ctx)
+            self._give_context(ctx)
         return 0 if state[0] == int(run_len.sum()) * self.rec_bytes else -1
+
+    def _take_context(self) -> AioContext | None:
+        """A free AIO context: one kept from an earlier read, a new one, or where the kernel opens no more
+        (``fs.aio-max-nr``) the next one another thread's read gives back; None when none is open at all."""
+        with self._aio_cond:
+            while True:
+                if self._aio_free:
+                    return self._aio_free.pop()
+                ctx = open_context(_AIO_DEPTH)
+                if ctx is not None:
+                    self._aio_live += 1
+                    return ctx
+                if self._aio_live == 0:
+                    return None
+                self._aio_cond.wait()
+
+    def _give_context(self, ctx: AioContext) -> None:
+        with self._aio_cond:
+            if ctx.open:
+                self._aio_free.append(ctx)
+            else:  # destroyed where a read was interrupted
+                self._aio_live -= 1
+            self._aio_cond.notify()
 
     def _map(self, fn, chunks: list[np.ndarray]) -> list[int]:
         if len(chunks) == 1:
@@ -681,9 +702,10 @@ class DiskTier:
         for pool in (self._pool, self._ahead_pool, self._flush_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
-        with self._aio_lock:
+        with self._aio_cond:
             for ctx in self._aio_free:
                 ctx.close()
+            self._aio_live -= len(self._aio_free)
             self._aio_free = []
         self._pool = self._ahead_pool = self._flush_pool = None
         self._flushes = []

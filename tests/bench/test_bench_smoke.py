@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import systems
 from benchmarks.run import main
 
@@ -99,3 +101,17 @@ def test_popularity_rank_inverts_the_tables_permutation():
         ids = table_ids(w, np.random.default_rng(t), sampler, t, 500)  # the same draws, permuted
         assert np.array_equal(popularity_rank(w, t, ids), ranks)
         assert not np.array_equal(ids, ranks)
+
+
+@pytest.mark.parametrize("how", [{"threads": 2}, {"threads": 1, "aio": 8}])
+def test_disk_rate_reads_by_threads_and_by_native_aio(tmp_path, how):
+    """Both ways of reading the device run and count: blocking preads on threads, and native AIO (which the
+    benchmark refuses in one line where the kernel does)."""
+    from benchmarks.disk_rate import run
+
+    try:
+        res = run(str(tmp_path), 4 << 20, 4096, seconds=0.2, **how)
+    except SystemExit as e:
+        assert "refuses native AIO" in str(e)
+        pytest.skip(str(e))
+    assert res["reads_per_s"] > 0 and res["cpu_us_per_read"] > 0 and res.get("aio_depth", 0) == how.get("aio", 0)

@@ -195,7 +195,9 @@ def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path
     every_other = g.permutation(np.arange(0, n, 2))  # runs of one record: one starts near every call's end
     for want in (every_other, g.choice(n, 20_000, replace=False), np.arange(n - 40_000, n), g.integers(0, n, 3000)):
         assert np.array_equal(d.read(slots[want]), recs[want])
-        ahead = d.submit_read(slots[want]).result()  # [m, 1 + W]: the lid header, then the payload
+        pending = d.submit_read(slots[want])
+        ahead = pending.result()  # [m, 1 + W]: the lid header, then the payload
+        assert pending.buf.base is None and pending.nbytes == ahead.nbytes  # the read buffer itself is freed
         assert np.array_equal(ahead[:, 1:], recs[want]) and np.array_equal(ahead[:, 0].view(np.int32), want)
     assert (d.dfd >= 0) == (reads != "buffered")  # no read came back short (that would turn O_DIRECT off)
     d.close()

@@ -717,6 +717,11 @@ class DiskTier:
             self.dfd = -1
 
 
+def _empty_like(a: np.ndarray) -> np.ndarray:
+    """A new array of no rows with ``a``'s row shape and dtype (``a[:0]`` would keep ``a``'s memory alive)."""
+    return np.empty((0, *a.shape[1:]), dtype=a.dtype)
+
+
 class PendingRead:
     """Records being read ahead by :meth:`DiskTier.submit_read`; :meth:`result` waits for them.
 
@@ -755,7 +760,7 @@ class PendingRead:
                 out = np.empty_like(self.buf)
                 out[self.order] = self.buf
                 self.disk.bytes_read += self.buf.nbytes
-            self._out, self.buf = out, self.buf[:0]
+            self._out, self.buf = out, _empty_like(self.buf)  # not a view: that would keep the buffer alive
         return self._out
 
     def cancel(self) -> None:
@@ -763,4 +768,4 @@ class PendingRead:
         for f in self.futures:
             f.result()
         self.read_s = self.finished - self.started
-        self._out, self.buf = None, self.buf[:0]
+        self._out, self.buf = None, _empty_like(self.buf)

@@ -255,7 +255,7 @@ class Horizon:
         self.next_at[live[live >= 0]] = 0
         self.batches.clear()
         self._end = 0
-        self.u_pos, self.u_key, self.u_tab = self.u_pos[:0], self.u_key[:0], self.u_tab[:0]
+        self.u_pos, self.u_key, self.u_tab = (np.empty(0, dtype=x.dtype) for x in (self.u_pos, self.u_key, self.u_tab))
         self.foreseen_to = 0
 
     def forget(self, lids: np.ndarray, keys: np.ndarray, tabs: np.ndarray) -> None:

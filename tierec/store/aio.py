@@ -6,8 +6,8 @@ reads goes to the kernel in one ``io_submit`` and their completions come back
 together from ``io_getevents``, so the device sees the same queue depth for
 about a third of the CPU: O_DIRECT reads of 8 KiB at random on a KVM guest's
 virtio disk cost 3-5 us of CPU each at 64 in flight against 11 us from eight
-threads calling ``pread`` in numba kernels, and ran 1.1-1.4x faster
-(2026-12-06, EPYC Zen 4 host of docs/performance.md).
+threads calling ``pread`` in numba kernels, and served 1.3-1.6x the reads a second
+(2026-12-06, EPYC Zen 4 host of docs/performance.md; ``benchmarks.disk_rate --aio 64``).
 
 Native AIO is asynchronous only for ``O_DIRECT`` descriptors (the disk tier's
 reads); elsewhere the kernel does the reads inside ``io_submit``. Where the

@@ -203,6 +203,28 @@ def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path
     d.close()
 
 
+def test_a_disk_tier_dropped_without_close_gives_back_its_descriptors_and_aio_contexts(tmp_path) -> None:
+    """A run's stores are not closed after Trainer.fit: collecting the tier frees what it holds of the kernel."""
+    import gc
+    import time
+
+    d = _disk(tmp_path, "aio", width=3)
+    d.append(np.arange(10), np.ones((10, 3), dtype=np.float32))
+    assert d.read(np.arange(10)).shape == (10, 3)
+    fds, contexts = (d.fd, d.dfd), list(d._aio_free)
+    assert contexts and all(c.open for c in contexts)
+    del d
+    for _ in range(200):  # the flush thread may hold the tier a moment longer (its last write's fdatasync)
+        gc.collect()
+        if not any(c.open for c in contexts):
+            break
+        time.sleep(0.01)
+    assert not any(c.open for c in contexts)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
 def test_disk_tier_reads_by_blocking_calls_where_the_kernel_refuses_its_aio_context(tmp_path) -> None:
     """A forked child inherits the tier but not its AIO context (the kernel's is the parent's): its reads fail
     there, and the tier reads the same records by blocking calls from then on; the parent's stay on AIO."""

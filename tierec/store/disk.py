@@ -57,6 +57,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numba as nb
@@ -268,6 +269,25 @@ def direct_read_bytes(slots: np.ndarray, rec_bytes: int) -> int:
     return int((hi - lo).sum())
 
 
+class _Handles:
+    """What a disk tier holds of the kernel's: its two descriptors and its AIO contexts. :meth:`release` (from
+    :meth:`DiskTier.close`, or a finalizer when the tier is collected unclosed) frees each once."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.dfd = -1
+        self.contexts: list[AioContext] = []  # the free ones (a read holds its own while it runs)
+
+    def release(self) -> None:
+        for ctx in self.contexts:
+            ctx.close()
+        self.contexts.clear()
+        for name in ("fd", "dfd"):
+            if getattr(self, name) >= 0:
+                os.close(getattr(self, name))
+                setattr(self, name, -1)
+
+
 class DiskTier:
     def __init__(
         self,
@@ -285,6 +305,9 @@ class DiskTier:
         if io_engine not in IO_ENGINES:
             raise ValueError(f"a disk tier's io_engine must be one of {', '.join(IO_ENGINES)}, got {io_engine!r}")
         os.makedirs(directory, exist_ok=True)
+        self._handles = _Handles()
+        # a tier dropped without close() (a run's stores after Trainer.fit) gives its descriptors and contexts back
+        self._release = weakref.finalize(self, self._handles.release)
         fd, path = tempfile.mkstemp(dir=directory, prefix="tierec-", suffix=".rows")
         # Reads bypass the page cache (O_DIRECT) when the file system allows it; writes are buffered.
         try:
@@ -323,7 +346,7 @@ class DiskTier:
         self._flushes: list[tuple[Future, int]] = []  # (flush, bytes it covers) not yet seen to succeed
         # O_DIRECT reads through native AIO (tierec/store/aio.py): one context per reading thread, kept for reuse
         self._aio_cond = threading.Condition()
-        self._aio_free: list[AioContext] = []
+        self._aio_free = self._handles.contexts
         self._aio_live = 0  # contexts open, free or in use
         self._aio_offered = False
         if io_engine != "threads" and self.dfd >= 0:
@@ -338,6 +361,22 @@ class DiskTier:
                                           "set it to 'auto' or 'threads'")
 
     # ------------------------------------------------------------- sizes
+
+    @property
+    def fd(self) -> int:  # the file, buffered (writes; reads where O_DIRECT is refused)
+        return self._handles.fd
+
+    @fd.setter
+    def fd(self, value: int) -> None:
+        self._handles.fd = value
+
+    @property
+    def dfd(self) -> int:  # the same file through O_DIRECT (reads), or -1
+        return self._handles.dfd
+
+    @dfd.setter
+    def dfd(self, value: int) -> None:
+        self._handles.dfd = value
 
     @property
     def aio(self) -> bool:  # reads go through native AIO (O_DIRECT reads where the kernel offers it)
@@ -702,19 +741,11 @@ class DiskTier:
         for pool in (self._pool, self._ahead_pool, self._flush_pool):
             if pool is not None:
                 pool.shutdown(wait=True)
-        with self._aio_cond:
-            for ctx in self._aio_free:
-                ctx.close()
-            self._aio_live -= len(self._aio_free)
-            self._aio_free = []
         self._pool = self._ahead_pool = self._flush_pool = None
         self._flushes = []
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        if self.dfd >= 0:
-            os.close(self.dfd)
-            self.dfd = -1
+        with self._aio_cond:
+            self._aio_live -= len(self._aio_free)
+            self._release()  # the contexts, then the descriptors (once: the finalizer is spent)
 
 
 def _empty_like(a: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 from benchmarks import tiers
 from benchmarks.workload import Workload, popularity_rank
 from tierec.store.directory import LOC_DISK
-from tierec.store.disk import direct_read_bytes
+from tierec.store.disk_reads import direct_read_bytes
 from tierec.store.group import TierStore
 
 PAGE = 4096

@@ -23,7 +23,8 @@ less than 16 KiB apart share one read (fewer requests for a few more bytes).
 They reach the device through Linux native AIO (tierec/store/aio.py: 64 in
 flight from one thread, a batch per system call), or where the kernel refuses
 it (``io_engine = "threads"``) as blocking ``pread`` calls from numba kernels
-that release the GIL, on ``io_threads`` threads at once. Appends are
+that release the GIL, on ``io_threads`` threads at once (the read plans and
+kernels: tierec/store/disk_reads.py). Appends are
 synced and their pages dropped (``POSIX_FADV_DONTNEED``) on a flush thread, off
 the training step (a direct read of a range not yet synced writes it first).
 So the kernel does not quietly keep the table in RAM, and disk reads in
@@ -52,7 +53,6 @@ zeros.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import tempfile
 import threading
@@ -65,156 +65,19 @@ import numpy as np
 
 from tierec.errors import DiskFullError, DiskTierError, free_bytes, is_disk_full
 from tierec.store.aio import AioContext, open_context
+from tierec.store.disk_reads import (
+    AIO_DEPTH,
+    DIRECT_ALIGN,
+    DIRECT_GAP,
+    PAGE,
+    read_runs_buffered,
+    read_spans_aio,
+    read_spans_blocking,
+    runs,
+    spans,
+)
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_pread = _LIBC.pread
-_pread.restype = ctypes.c_ssize_t
-_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
-_fadvise = _LIBC.posix_fadvise
-_fadvise.restype = ctypes.c_int
-_fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-_DONTNEED = os.POSIX_FADV_DONTNEED
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_DIRECT_ALIGN = 512  # O_DIRECT offsets, lengths and buffers: multiples of the logical block size
-_DIRECT_CHUNK = 1 << 18  # bytes per O_DIRECT read call at most: 64 KiB cost the read threads 1.5x the CPU, 1 MiB little less
-# than this and 8 MiB of scratch over the read threads
-_DIRECT_GAP = 16384  # records closer than this share one O_DIRECT read: fewer requests, a few more bytes
-_AIO_DEPTH = 64  # native AIO: reads in flight per context (8 KiB at random: 4-5 us of CPU a read at 64, 8 at 16)
-_AIO_SCRATCH = 1 << 20  # native AIO: bytes of each of a read's two batches (one copied out while the other reads)
 IO_ENGINES = ("auto", "aio", "threads")
-
-
-@nb.njit(nogil=True)  # not cached: it calls ctypes functions by address
-def _pread_runs(fd, run_slot, run_len, run_dst, rec_bytes, out, drop):
-    """Read runs of consecutive records into ``out`` rows ``run_dst[r] ..``; 0 or -1 on error.
-
-    With ``drop`` the pages just read leave the page cache at once (each run's
-    own range: cheap, unlike a walk over the whole file).
-    """
-    base = out.ctypes.data
-    for r in range(run_slot.shape[0]):
-        nbytes = run_len[r] * rec_bytes
-        off = run_slot[r] * rec_bytes
-        dst = base + run_dst[r] * rec_bytes
-        done = 0
-        while done < nbytes:
-            got = _pread(fd, dst + done, nbytes - done, off + done)
-            if got <= 0:
-                return -1
-            done += got
-        if drop:  # whole pages only are dropped: widen the range to page bounds
-            lo = off - off % _PAGE
-            hi = off + nbytes + (_PAGE - (off + nbytes) % _PAGE) % _PAGE
-            _fadvise(fd, lo, hi - lo, _DONTNEED)
-    return 0
-
-
-@nb.njit(nogil=True)  # not cached: it calls a ctypes function by address
-def _pread_spans(fd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, rec_bytes, out_bytes, scratch, s_off, cap):
-    """Read aligned spans through an O_DIRECT descriptor (no page cache at all); copy out their runs.
-
-    Span s covers bytes [span_lo[s], span_hi[s]) (multiples of the alignment)
-    and holds runs span_run[s] .. span_run[s + 1] - 1, read ``cap`` bytes at a
-    time into the aligned part of ``scratch`` (from ``s_off``). 0, or -1 when
-    a read comes back short of a record.
-    """
-    sptr = scratch.ctypes.data + s_off
-    for sp in range(span_lo.shape[0]):
-        pos = span_lo[sp]
-        hi = span_hi[sp]
-        want = 0
-        copied = 0
-        last = span_run[sp + 1]
-        for r in range(span_run[sp], last):
-            want += run_len[r] * rec_bytes
-        first = span_run[sp]  # the runs come in slot order: the first one not read to its end yet
-        while pos < hi:
-            n = min(cap, hi - pos)
-            got = _pread(fd, sptr, n, pos)
-            if got <= 0:
-                break
-            while first < last and (run_slot[first] + run_len[first]) * rec_bytes <= pos:
-                first += 1
-            r = first
-            while r < last and run_slot[r] * rec_bytes < pos + got:
-                start = run_slot[r] * rec_bytes
-                end = start + run_len[r] * rec_bytes
-                a = max(pos, start)
-                b = min(pos + got, end)
-                if a < b:
-                    dst = run_dst[r] * rec_bytes + a - start
-                    for i in range(b - a):
-                        out_bytes[dst + i] = scratch[s_off + a - pos + i]
-                    copied += b - a
-                r += 1
-            pos += n
-        if copied != want:
-            return -1
-    return 0
-
-
-@nb.njit(cache=True, nogil=True)
-def _copy_runs(req_pos, req_got, req_scr, q0, q1, run_slot, run_len, run_dst, rec_bytes, out_bytes, scratch, r0):
-    """Copy the runs' bytes that reads ``q0 .. q1 - 1`` brought into ``scratch`` (read q: file bytes from
-    ``req_pos[q]``, ``req_got[q]`` of them, at ``scratch[req_scr[q]]``) to their rows of ``out_bytes``. Reads
-    and runs come in file order; ``r0``: the first run not read to its end before read q0. Returns (bytes
-    copied, the first run not read to its end after read q1 - 1)."""
-    copied = 0
-    first = r0
-    n_runs = run_slot.shape[0]
-    for q in range(q0, q1):
-        pos = req_pos[q]
-        got = max(req_got[q], 0)
-        while first < n_runs and (run_slot[first] + run_len[first]) * rec_bytes <= pos:
-            first += 1
-        r = first
-        while r < n_runs and run_slot[r] * rec_bytes < pos + got:
-            start = run_slot[r] * rec_bytes
-            a = max(pos, start)
-            b = min(pos + got, start + run_len[r] * rec_bytes)
-            if a < b:
-                dst = run_dst[r] * rec_bytes + a - start
-                src = req_scr[q] + a - pos
-                out_bytes[dst : dst + b - a] = scratch[src : src + b - a]
-                copied += b - a
-            r += 1
-    return copied, first
-
-
-@nb.njit(cache=True)
-def _batches(req_len, most_bytes, most_reads):
-    """[n] batch number of each read (consecutive reads, at most ``most_bytes`` and ``most_reads`` a batch) and
-    [n] its byte offset inside its batch."""
-    n = req_len.shape[0]
-    batch = np.empty(n, dtype=np.int64)
-    at = np.empty(n, dtype=np.int64)
-    b = 0
-    used = 0
-    count = 0
-    for q in range(n):
-        if count == most_reads or (count and used + req_len[q] > most_bytes):
-            b += 1
-            used = 0
-            count = 0
-        batch[q] = b
-        at[q] = used
-        used += req_len[q]
-        count += 1
-    return batch, at
-
-
-def _spans(run_slot: np.ndarray, run_len: np.ndarray, rec_bytes: int, align: int, gap: int) -> tuple[np.ndarray, ...]:
-    """Aligned byte spans covering the runs; runs closer than ``gap`` bytes share one span (one request)."""
-    start = run_slot * rec_bytes
-    end = start + run_len * rec_bytes
-    lo = start - start % align
-    hi = end + (align - end % align) % align
-    new = np.ones(lo.shape[0], dtype=bool)
-    new[1:] = lo[1:] > hi[:-1] + gap
-    first = np.flatnonzero(new)
-    span_run = np.append(first, lo.shape[0]).astype(np.int64)
-    span_hi = np.maximum.reduceat(hi, first) if first.size else hi[:0]
-    return lo[first], span_hi, span_run
 
 
 @nb.njit(cache=True, nogil=True)
@@ -242,31 +105,6 @@ def _free_slots(bitmap: np.ndarray, seg_live: np.ndarray, slots: np.ndarray, seg
 
 def _bits(bitmap: np.ndarray, idx: np.ndarray) -> np.ndarray:  # [n] bool
     return ((bitmap[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
-
-
-def _runs(sorted_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first slot, length, position in the sorted list) of each run of consecutive slots."""
-    n = sorted_slots.shape[0]
-    starts = np.flatnonzero(np.diff(sorted_slots, prepend=sorted_slots[0] - 2) != 1)
-    lengths = np.diff(np.append(starts, n))
-    return sorted_slots[starts], lengths.astype(np.int64), starts.astype(np.int64)
-
-
-def direct_read_bytes(slots: np.ndarray, rec_bytes: int) -> int:
-    """Bytes the O_DIRECT reads of the records at ``slots`` (any order, duplicates allowed) cover, by the rule
-    the tier reads with: aligned spans, records closer than ``_DIRECT_GAP`` in one request.
-
-    >>> direct_read_bytes(np.array([2, 0, 1, 1000]), 32)  # two requests of 512 bytes: record 1000 lies past the gap
-    1024
-    >>> direct_read_bytes(np.array([0, 400]), 32)  # 12,800 bytes apart: one request
-    13312
-    """
-    uniq = np.unique(np.asarray(slots, dtype=np.int64))
-    if uniq.size == 0:
-        return 0
-    run_slot, run_len, _ = _runs(uniq)
-    lo, hi, _ = _spans(run_slot, run_len, rec_bytes, _DIRECT_ALIGN, _DIRECT_GAP)
-    return int((hi - lo).sum())
 
 
 class _Handles:
@@ -350,7 +188,7 @@ class DiskTier:
         self._aio_live = 0  # contexts open, free or in use
         self._aio_offered = False
         if io_engine != "threads" and self.dfd >= 0:
-            ctx = open_context(_AIO_DEPTH)
+            ctx = open_context(AIO_DEPTH)
             if ctx is not None:
                 self._aio_free.append(ctx)
                 self._aio_live = 1
@@ -463,7 +301,7 @@ class DiskTier:
             self._reap_flushes()
             if self._flush_pool is None:
                 self._flush_pool = ThreadPoolExecutor(1, thread_name_prefix="tierec-disk-flush")
-            lo = offset - offset % _PAGE
+            lo = offset - offset % PAGE
             self._flushes.append((self._flush_pool.submit(self._flush, lo, offset + len(view) - lo), len(view)))
 
     def _flush(self, offset: int, length: int) -> None:
@@ -545,7 +383,7 @@ class DiskTier:
         srt = slots[order]
         uniq, first = np.unique(srt, return_index=True)
         buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
-        run_slot, run_len, run_dst = _runs(uniq)
+        run_slot, run_len, run_dst = runs(uniq)
         chunks = self._split(run_len)
         status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
         if min(status) < 0:
@@ -575,7 +413,7 @@ class DiskTier:
         pending = PendingRead(self, slots, order, buf)
         if srt.shape[0]:
             self._check_size()
-            run_slot, run_len, run_dst = _runs(srt)
+            run_slot, run_len, run_dst = runs(srt)
             if self._ahead_pool is None:
                 self._ahead_pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="tierec-disk-ahead")
             for c in self._split(run_len):
@@ -584,61 +422,36 @@ class DiskTier:
 
     def _read_runs(self, run_slot: np.ndarray, run_len: np.ndarray, run_dst: np.ndarray, buf: np.ndarray) -> int:
         if self.dfd >= 0:
-            span_lo, span_hi, span_run = _spans(run_slot, run_len, self.rec_bytes, _DIRECT_ALIGN, _DIRECT_GAP)
+            span_lo, span_hi, span_run = spans(run_slot, run_len, self.rec_bytes, DIRECT_ALIGN, DIRECT_GAP)
             with self._requests_lock:
                 self.requests += int(span_lo.shape[0])
                 self.device_bytes += int((span_hi - span_lo).sum())
             if self.aio:
                 return self._aio_read(span_lo, span_hi, span_run, run_slot, run_len, run_dst, buf)
-            scratch = np.empty(_DIRECT_CHUNK + _DIRECT_ALIGN, dtype=np.uint8)
-            s_off = (-scratch.ctypes.data) % _DIRECT_ALIGN
             out_bytes = buf.reshape(-1).view(np.uint8)
-            return _pread_spans(
-                self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes, out_bytes, scratch, s_off, _DIRECT_CHUNK
-            )
+            return read_spans_blocking(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes, out_bytes)
         with self._requests_lock:
             self.requests += int(run_slot.shape[0])
             self.device_bytes += int(run_len.sum()) * self.rec_bytes
-        return _pread_runs(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, self.drop_cache_after_io)
+        return read_runs_buffered(self.fd, run_slot, run_len, run_dst, self.rec_bytes, buf, self.drop_cache_after_io)
 
     def _aio_read(self, span_lo: np.ndarray, span_hi: np.ndarray, span_run: np.ndarray, run_slot: np.ndarray,
                   run_len: np.ndarray, run_dst: np.ndarray, buf: np.ndarray) -> int:
-        """The spans read by native AIO, in reads of at most ``_DIRECT_CHUNK`` bytes, batch by batch through
-        two scratch buffers (one batch's records copied out while the next one reads); 0, or -1 when a read
-        failed or came back short of a record."""
+        """The spans read through a free AIO context (disk_reads.read_spans_aio); by blocking calls where none is
+        left, or where the kernel refuses the reads (e.g. in a forked child): then the next ones on the threads."""
         out_bytes = buf.reshape(-1).view(np.uint8)
+        args = (self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes, out_bytes)
         ctx = self._take_context()
-        if ctx is None:  # none left: this read by blocking calls, the next ones on the threads
+        if ctx is None:
             self._aio_offered = False
-            scratch = np.empty(_DIRECT_CHUNK + _DIRECT_ALIGN, dtype=np.uint8)
-            return _pread_spans(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes,
-                                out_bytes, scratch, (-scratch.ctypes.data) % _DIRECT_ALIGN, _DIRECT_CHUNK)
-        pieces = -(-(span_hi - span_lo) // _DIRECT_CHUNK)
-        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-        req_pos = np.repeat(span_lo, pieces) + (np.arange(first.shape[0]) - first) * _DIRECT_CHUNK
-        req_len = np.minimum(np.repeat(span_hi, pieces) - req_pos, _DIRECT_CHUNK)
-        batch, at = _batches(req_len, _AIO_SCRATCH, _AIO_DEPTH // 2)
-        scratch = np.empty(2 * _AIO_SCRATCH + _DIRECT_ALIGN, dtype=np.uint8)
-        req_scr = (-scratch.ctypes.data) % _DIRECT_ALIGN + (batch % 2) * _AIO_SCRATCH + at
-        bounds = np.searchsorted(batch, np.arange(int(batch[-1]) + 2))  # reads of batch b: bounds[b] .. bounds[b + 1]
-        got = np.zeros(req_pos.shape[0], dtype=np.int64)
-        state = [0, 0]  # bytes copied, the first run not read to its end
-
-        def copy_out(b: int) -> None:
-            copied, state[1] = _copy_runs(req_pos, got, req_scr, int(bounds[b]), int(bounds[b + 1]), run_slot, run_len,
-                                          run_dst, self.rec_bytes, out_bytes, scratch, state[1])
-            state[0] += copied
-
+            return read_spans_blocking(*args)
         try:
-            ctx.read(self.dfd, req_pos, req_len, np.uint64(scratch.ctypes.data) + req_scr.astype(np.uint64), got,
-                     on_done=copy_out, batch_of=batch)
-        except OSError:  # the kernel took the context but not the reads (e.g. in a forked child): blocking reads from now on
+            return read_spans_aio(ctx, self.dfd, span_lo, span_hi, run_slot, run_len, run_dst, self.rec_bytes, out_bytes)
+        except OSError:
             self._aio_offered = False
-            return _pread_spans(self.dfd, span_lo, span_hi, span_run, run_slot, run_len, run_dst, self.rec_bytes,
-                                out_bytes, scratch, (-scratch.ctypes.data) % _DIRECT_ALIGN, _DIRECT_CHUNK)
+            return read_spans_blocking(*args)
         finally:
             self._give_context(ctx)
-        return 0 if state[0] == int(run_len.sum()) * self.rec_bytes else -1
 
     def _take_context(self) -> AioContext | None:
         """A free AIO context: one kept from an earlier read, a new one, or where the kernel opens no more
@@ -647,7 +460,7 @@ class DiskTier:
             while True:
                 if self._aio_free:
                     return self._aio_free.pop()
-                ctx = open_context(_AIO_DEPTH)
+                ctx = open_context(AIO_DEPTH)
                 if ctx is not None:
                     self._aio_live += 1
                     return ctx

@@ -34,7 +34,7 @@ runs on a thread of its own beside the lookup
 steps. On 2 cores that ran at 1.15-1.3x the samples/s of the dense step on both
 cores with the tiers' threads squeezed beside it (docs/performance.md, "Tables
 beyond memory"). With fp32 cold rows it ran at 1.2-1.3x at 4x with a horizon but
-lost on the 21M-id stream's resumed half (reads then one batch ahead), and the tiered run would no longer give the
+lost on the 21M-id stream (both halves, reads by native AIO), and the tiered run would no longer give the
 numbers of the same run in memory, so there (``store.leave_core = "auto"``) the
 step keeps every thread, as it does with an explicit ``train.threads``; only
 its row update leaves the lookup a numba thread.

@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="disk: the setups take turns on this many chunks of the timed steps")
     p.add_argument("--modes", default="memory,disk,disk+prefetch4+ahead,disk+prefetch4+ahead+horizon128",
                    help="disk: runs to compare (disk+prefetchN: disk rows read N batches ahead; +ahead: store.lookup_ahead; "
-                        "+horizonN: store.horizon, else 0; +core: store.leave_core = on; +ioE: store.io_engine = E (aio, threads); +cacheF: the fast tier F of the budget, else --cache-frac; +stageF: the "
+                        "+horizonN: store.horizon, else 0; +core / +nocore: store.leave_core = on / off, else auto; +ioE: store.io_engine = E (aio, threads); +ratioR: store.disk_max_ratio = R; +cacheF: the fast tier F of the budget, else --cache-frac; +stageF: the "
                         "read-ahead windows F of it, the host tier the rest)")
     p.add_argument("--disk-dir", default="", help="directory of the disk tier (default: the temp dir)")
     p.add_argument("--io-threads", type=int, default=8)
@@ -177,6 +177,15 @@ def _horizon(mode: str) -> int:
     return int(_option(mode, "horizon") or 0)
 
 
+def _leave_core(mode: str) -> str:
+    """store.leave_core of a mode: "+core" on, "+nocore" off, else auto.
+
+    >>> _leave_core("disk+prefetch4+ahead+core"), _leave_core("disk+ahead+nocore"), _leave_core("disk+ahead")
+    ('on', 'off', 'auto')
+    """
+    return "on" if _option(mode, "core") is not None else "off" if _option(mode, "nocore") is not None else "auto"
+
+
 def _threads(mode: str) -> int:
     """train.threads of a mode: "disk+prefetch4+ahead+threads2" -> 2 (the dense step on all of them); none -> 0
     (auto: with a lookup ahead the dense step leaves it a core).
@@ -244,8 +253,9 @@ class Runner:
                 f"store.prefetch_depth={_depth(mode)}",
                 f"store.lookup_ahead={str('+ahead' in mode).lower()}",  # the next batch's lookup during the step
                 f"store.horizon={_horizon(mode)}",  # the ids of this many batches ahead rank eviction
-                f"store.leave_core={'auto' if _option(mode, 'core') is None else 'on'}",  # "+core": fp32 rows leave a core too
+                f"store.leave_core={_leave_core(mode)}",
                 f"store.io_engine={_option(mode, 'io') or 'auto'}",  # "+iothreads": blocking reads on threads, "+ioaio"
+                *([] if _option(mode, "ratio") is None else [f"store.disk_max_ratio={_option(mode, 'ratio')}"]),  # "+ratio2"
                 # "+stageF": the windows F of the budget, the host tier what the fast tier and they leave
                 *([] if stage is None else [f"store.host_size={self.budget - cache - int(self.budget * stage)}"]),
                 *a.store_set,
@@ -276,7 +286,7 @@ class Runner:
         (as in TrainPipeline.run)."""
         if self.pipe is None:
             return iter(batches)
-        return self.pipe.run(iter(batches), thread=self.train.step_threads is not None)
+        return self.pipe.run(iter(batches), thread=self.train.step_threads is not None or "+ownthread" in self.mode)
 
     def _mark(self) -> tuple:
         tot = self.monitor.totals() if self.monitor.active else {}

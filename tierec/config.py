@@ -310,6 +310,11 @@ class StoreConfig:
     # "auto": aio where the kernel offers it and the file system takes O_DIRECT reads
     io_engine: str = "auto"
     drop_page_cache: bool = True  # drop the table file's pages after each I/O (bounded RAM, honest timings)
+    # the disk file's segments in use hold at most this many slots per live record (above 1): compaction moves the
+    # live records of the emptiest ones, a share at every lookup. 2 took 3-4 ms of CPU off a lookup at 4x with fp32
+    # rows (0.51x / 0.65x of in memory against 0.44x / 0.58x) and cost at 16x (0.31x against 0.34x: the reads
+    # spread over more requests): docs/performance.md
+    disk_max_ratio: float = 1.25
     # pipeline: read the next window's disk rows while this window computes (with a disk tier; a quarter of
     # memory_budget holds them with fp32 cold rows, an eighth with compact ones, 3/8 with compact ones and a
     # horizon). On by default: 1.35-1.4x the samples/s of reading on demand at 4x (docs/performance.md)
@@ -319,9 +324,9 @@ class StoreConfig:
     # one process: the next batch's lookup in the tiers runs during this step (docs/performance.md)
     lookup_ahead: bool = True
     # with that lookup ahead and train.threads = 0: the step runs on one thread fewer, leaving that lookup and the
-    # read-ahead stage a core. auto = with compact cold rows (fp32 rows then give the numbers of the same run in
-    # memory); on = fp32 rows too (at 4x with a horizon 0.50x of in memory against 0.39x: docs/performance.md,
-    # the dense step's rounding then that of a run on one thread fewer); off = never
+    # read-ahead stage a core. auto = with compact cold rows or a horizon (fp32 rows without one then give the numbers
+    # of the same run in memory); on = always (fp32 rows at 4x with a horizon 0.57-0.65x of in memory against
+    # 0.43-0.51x: docs/performance.md; the dense step's rounding is then that of a run on one thread fewer); off = never
     leave_core: str = "auto"
     # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.
     # 128 on a fixed table 4x and 16x its budget: 1.1-1.6x the samples/s of none, disk reads 1.10x (int8) /
@@ -347,6 +352,8 @@ class StoreConfig:
             raise ConfigError(f"store.leave_core {self.leave_core!r} is not one of auto, on, off")
         if self.io_engine not in {"auto", "aio", "threads"}:
             raise ConfigError(f"store.io_engine {self.io_engine!r} is not one of auto, aio, threads")
+        if not self.disk_max_ratio > 1.0:
+            raise ConfigError(f"store.disk_max_ratio must be above 1 (slots per live record), got {self.disk_max_ratio}")
         if self.cold_precision not in {p.value for p in ColdPrecision}:
             raise ConfigError(f"store.cold_precision {self.cold_precision!r} is not one of {[p.value for p in ColdPrecision]}")
         names = [t.name for t in self.tables]

@@ -327,6 +327,25 @@ def test_disk_tier_compaction_keeps_the_file_near_its_live_records(tmp_path, max
     d.close()
 
 
+def test_the_disk_files_bound_is_a_setting(tmp_path) -> None:
+    """store.disk_max_ratio reaches the disk tier of every store; 1 or less is refused, naming the key."""
+    from tierec.config import load_config
+    from tierec.embedding.layout import RecordLayout
+    from tierec.embedding.table import TableConfig
+    from tierec.store.group import TierStore
+    from tierec.store.plan import StorePlan
+
+    over = ["store.enabled=true", "store.memory_budget=1MiB", f"store.disk_path={tmp_path}"]
+    tables = [TableConfig(name="t", dim=4, features=["f"])]
+    for given, ratio in ((None, 1.25), ("2", 2.0)):
+        cfg = load_config(None, over + ([] if given is None else [f"store.disk_max_ratio={given}"]))
+        g = TierStore(RecordLayout.of_tables(tables), StorePlan(cfg.store, [tables]).spec_for(tables))
+        assert g.disk.max_ratio == ratio
+        g.close()
+    with pytest.raises(ConfigError, match=r"store\.disk_max_ratio must be above 1"):
+        load_config(None, over + ["store.disk_max_ratio=1"])
+
+
 def test_disk_tier_compacts_a_bounded_share_per_call(tmp_path) -> None:
     """``compact(most=k)`` moves at most k records (part of a segment too), later calls go on where it stopped,
     and together they end where one unbounded call would; ``appended_rows`` counts the callers' appends only."""

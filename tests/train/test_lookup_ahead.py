@@ -47,16 +47,19 @@ def two_torch_threads():
     use_threads(before)
 
 
-@pytest.mark.parametrize(("precision", "train_threads", "leave"),
-                         [("fp32", 0, "auto"), ("fp32", 0, "on"), ("int8", 0, "auto"), ("int8", 0, "off"), ("int8", 2, "auto")])
+@pytest.mark.parametrize(("precision", "train_threads", "leave", "horizon"),
+                         [("fp32", 0, "auto", 0), ("fp32", 0, "on", 0), ("fp32", 0, "auto", 4), ("int8", 0, "auto", 0),
+                          ("int8", 0, "off", 0), ("int8", 2, "auto", 0)])
 def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
-    tmp_path: Path, precision: str, train_threads: int, leave: str, two_torch_threads: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, precision: str, train_threads: int, leave: str, horizon: int, two_torch_threads: None,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = {}
     dense_threads: dict[str, list[int]] = {}  # torch's threads in each dense forward: its rounding depends on them
     for how in ("sequential", "ahead"):
         cfg = load_config(None, BASE + _tiers(tmp_path / how, precision) + [f"train.threads={train_threads}",
-                                                                          f"store.leave_core={leave}"])
+                                                                          f"store.leave_core={leave}",
+                                                                          f"store.horizon={horizon}"])
         source = open_source(cfg.data, "train", cfg.train.batch_size)
         parts = Components.build(cfg, source.feature_names, source.n_dense)
         group = parts.embeddings.groups[0]
@@ -88,8 +91,9 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
             assert sum(s["evicted"] for s in stats.values()) > 0
         group.close()
     # train.threads = 0 with compact rows: the step leaves the lookup ahead a core, in every step, whether it runs
-    # one or not; fp32 rows keep both (the numbers of the same run in memory) unless store.leave_core is on
-    leaves = train_threads == 0 and (leave == "on" or (leave == "auto" and precision != "fp32"))
+    # one or not, as with a horizon; fp32 rows without one keep both (the numbers of the same run in memory) unless
+    # store.leave_core is on
+    leaves = train_threads == 0 and (leave == "on" or (leave == "auto" and (precision != "fp32" or horizon > 0)))
     assert dense_threads["ahead"] == dense_threads["sequential"] == [1 if leaves else 2] * 12
     assert torch.get_num_threads() == 2  # given back after each step
     (la, ra, sa), (lb, rb, sb) = runs["sequential"], runs["ahead"]

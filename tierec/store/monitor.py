@@ -59,6 +59,7 @@ class StoreMonitor:
         self.lossy = any(g.codec.lossy for g in self.groups)
         depth = cfg.prefetch_depth if cfg.prefetch else 0
         horizon = cfg.horizon if any(g.horizon.length for g in self.groups) else 0  # stores with a disk tier
+        self.horizon = horizon  # batches whose ids the stores see ahead (0: none)
         self.pipeline = StorePipeline(self.collections, depth, horizon) if (depth or horizon) and self.active else None
         # Weak: the loop's own reference must be the last, so a `break` closes the stream at once
         # (stopping the prefetch thread before the loader under it is closed).

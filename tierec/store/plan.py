@@ -190,6 +190,7 @@ class StorePlan:
             io_threads=cfg.io_threads,
             io_engine=cfg.io_engine,
             drop_page_cache=cfg.drop_page_cache,
+            disk_max_ratio=cfg.disk_max_ratio,
             cache_key=f"{where}.cache_size" + ("" if given_cache else f" ({part_text} of {where}.memory_budget unless set)"),
             cold_precision=cfg.cold_precision,
             stage_bytes=None if stage is None else int(stage * share),

@@ -25,19 +25,19 @@ For batch ``t`` the stages are:
 5. **write-back and eviction**: inside the tiers, whenever stage 3 or 4 needs a slot.
 
 Where a lookup runs ahead in tiers with compact cold rows (``store.cold_precision``
-int8 or bf16; with fp32 ones too where ``store.leave_core`` is on) and
-``train.threads`` is 0, the loop leaves the store a core: torch
-and numba run on one thread fewer than the process's (:meth:`threads`; in every
-step, as the dense step's rounding depends on the count), and the store's stage 3
-runs on a thread of its own beside the lookup
+int8 or bf16) or with a horizon (``store.horizon``; with fp32 rows and none too where
+``store.leave_core`` is on) and ``train.threads`` is 0, the loop leaves the store a
+core: torch and numba run on one thread fewer than the process's (:meth:`threads`;
+in every step, as the dense step's rounding depends on the count), and the store's
+stage 3 runs on a thread of its own beside the lookup
 (``StorePipeline.run(thread=True)``) instead of on the step's thread between
 steps. On 2 cores that ran at 1.15-1.3x the samples/s of the dense step on both
 cores with the tiers' threads squeezed beside it (docs/performance.md, "Tables
-beyond memory"). With fp32 cold rows it ran at 1.2-1.3x at 4x with a horizon but
-lost on the 21M-id stream (both halves, reads by native AIO), and the tiered run would no longer give the
-numbers of the same run in memory, so there (``store.leave_core = "auto"``) the
-step keeps every thread, as it does with an explicit ``train.threads``; only
-its row update leaves the lookup a numba thread.
+beyond memory"), with fp32 rows and a horizon at 1.2-1.45x (4x and 16x). With fp32
+rows and no horizon it lost on the 21M-id stream (both halves, reads by native AIO),
+and the tiered run would no longer give the numbers of the same run in memory, so
+there (``store.leave_core = "auto"``) the step keeps every thread, as it does with
+an explicit ``train.threads``; only its row update leaves the lookup a numba thread.
 
 No stage changes a number: each only moves work earlier, and the step is the
 sequential step (tests/train/test_pipeline.py, tests/embedding/test_ahead.py,
@@ -106,12 +106,13 @@ class TrainPipeline:
             getattr(g, "lookup_ahead", None) is not None for g in parts.embeddings.groups
         )
         self.ahead = LookAhead(parts.embeddings, probe=probe, bring_up=bring_up) if probe or bring_up else None
-        # with compact cold rows (store.leave_core auto) the lookup run ahead in the tiers gets a core of its own:
-        # the training loop runs on one torch (and numba) thread fewer, in every step (the dense step's rounding
-        # depends on the count), unless train.threads says how many. fp32 cold rows keep every thread unless
-        # store.leave_core is on: the tiered run then gives the numbers of the same run in memory. None: the process's
+        # with compact cold rows or a horizon (store.leave_core auto) the lookup run ahead in the tiers gets a core
+        # of its own: the training loop runs on one torch (and numba) thread fewer, in every step (the dense step's
+        # rounding depends on the count), unless train.threads says how many. Otherwise fp32 cold rows keep every
+        # thread unless store.leave_core is on: the tiered run then gives the numbers of the same run in memory.
+        # None: the process's
         n = torch.get_num_threads()
-        leave = {"on": True, "off": False, "auto": self.store.lossy}[cfg.store.leave_core]
+        leave = {"on": True, "off": False, "auto": self.store.lossy or self.store.horizon > 0}[cfg.store.leave_core]
         leave_core = bring_up and leave and not cfg.train.threads
         self.step_threads = n - 1 if leave_core and n > 1 else None
         self._quiet: Callable[[], bool] | None = None  # run()'s: may the tables move on to the next batch now?

@@ -404,15 +404,34 @@ class TierStore:
                 f"to at least {format_size(lids.size * 4 * self.record_width)} or lower the batch size"
             )
         if miss.size:
-            slots = self._take_slots(miss.size)
-            up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64, copy=False)  # copies: changed below
-            on_host = np.flatnonzero(loc == LOC_HOST)  # making room may have moved host rows to disk: where now
-            if on_host.size:
-                _, _, loc[on_host], home[on_host] = self.index.where(up[on_host])
-            self._bring_up(up, slots, loc, home)
+            up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64, copy=False)
+            lifted = self._lift_from_host(up, loc, home)  # their host slots take rows the evictions below send down
+            try:
+                slots = self._take_slots(miss.size)
+            except BaseException:
+                if lifted is not None:  # nothing was evicted: back where they were
+                    self._store_away(up[loc == LOC_HOST], lifted)
+                raise
+            self._bring_up(up, slots, loc, home, lifted)
             self.fast.pin[slots] = pin
             cs[miss] = slots
         return cs
+
+    def _lift_from_host(self, lids: np.ndarray, loc: np.ndarray, home: np.ndarray) -> np.ndarray | None:
+        """Records [n, W] of the rows ``lids`` homed on the host (``loc``/``home`` as probed; n of them), read and
+        their host slots freed, the directory saying they are in no tier until :meth:`_bring_up` puts them in
+        the fast tier; None when none is on the host. So the rows the evictions send down may take those slots,
+        and no demotion moves a row this lookup brings up."""
+        on_host = np.flatnonzero(loc == LOC_HOST)
+        if on_host.size == 0:
+            return None
+        hs = home[on_host]
+        records = self.codec.decode(self.host.read(hs))
+        self.host.free(hs)
+        moving = lids[on_host]
+        self.index.loc[moving] = LOC_NONE
+        self.index.home[moving] = -1
+        return records
 
     def _take_slots(self, n: int, best_effort: bool = False) -> np.ndarray:
         """``n`` free slots, evicting cold unpinned rows (with write-back) when needed."""
@@ -475,6 +494,7 @@ class TierStore:
             if n_host:
                 hs = self.host.alloc(n_host)
                 self.host.write(hs, records[:n_host])
+                self.hotness.came_to_host(lids[:n_host], self.train_steps)
                 new_loc[order[:n_host]], new_home[order[:n_host]] = LOC_HOST, hs
                 self._count(Counter.HOST_WRITE_ROWS, d.tabs[lids[:n_host]])
         rest = lids[n_host:]
@@ -499,16 +519,20 @@ class TierStore:
         d.loc[lids] = loc
         d.home[lids] = home
 
-    def _bring_up(self, lids: np.ndarray, slots: np.ndarray, loc: np.ndarray, home: np.ndarray) -> None:
+    def _bring_up(self, lids: np.ndarray, slots: np.ndarray, loc: np.ndarray, home: np.ndarray,
+                  lifted: np.ndarray | None = None) -> None:
         """Fill ``slots`` with rows ``lids`` (away from the fast tier, homed in ``loc``/``home``) from their
-        homes (new rows are initialised)."""
+        homes (new rows are initialised); ``lifted``: the records of those homed on the host, already read and
+        freed there (:meth:`_lift_from_host`)."""
         d = self.index
         new_loc, new_home = loc.copy(), home.copy()  # where a copy stays once they are up
         on_host = np.flatnonzero(loc == LOC_HOST)
         if on_host.size:
-            hs = home[on_host]
-            self.fast.scatter(slots[on_host], self.codec.decode(self.host.read(hs)))
-            self.host.free(hs)
+            if lifted is None:
+                hs = home[on_host]
+                lifted = self.codec.decode(self.host.read(hs))
+                self.host.free(hs)
+            self.fast.scatter(slots[on_host], lifted)
             new_loc[on_host], new_home[on_host] = LOC_NONE, -1  # the cache holds the only copy now
             self.fast.dirty[slots[on_host]] = True
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])

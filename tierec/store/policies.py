@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierec.store import hotness
+from tierec.store.demotion import ColdHostRows
 from tierec.store.directory import LOC_DISK, LOC_HOST, Directory
 from tierec.store.disk import DiskTier
 from tierec.store.fast_tier import FastTier
@@ -51,7 +52,8 @@ class HotnessPass:
         self.disk = disk
         self.moves = moves
         self.horizon = horizon  # host rows the next batches use stay
-        self._cold_host: np.ndarray | None = None  # host rows ranked coldest first, since the last pass
+        # host rows in the order they leave for disk, ranked at most once per pass while enough are left
+        self._cold = ColdHostRows(index, horizon, host.max_rows // 8 if host is not None and host.max_rows else 1)
 
     def maintain(self, clock: int, train_steps: int) -> None:
         """The pass, at lookup number ``clock`` (``train_steps`` of them training)."""
@@ -72,7 +74,7 @@ class HotnessPass:
         if self.disk is not None:
             self.compact()
             self.disk.drop_page_cache()
-        self._cold_host = None  # the counts moved on: the next demotion ranks the host rows again
+        self._cold.forget()  # the counts moved on: the next demotion ranks the host rows again
         release_free_memory()
 
     def compact(self, most: int | None = None) -> None:
@@ -83,21 +85,21 @@ class HotnessPass:
 
     # -------------------------------------------------- host rows making room
 
+    def came_to_host(self, lids: np.ndarray, step: int) -> None:
+        """Rows ``lids`` were just homed on the host at training step ``step`` (demotion candidates from now on)."""
+        self._cold.came(lids, step)
+
     def demote_colder(self, incoming: np.ndarray, need: int, step: int = 0) -> None:
-        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their access counts, or
-        their ranks with a horizon) by moving host rows that are colder than they are to disk, the coldest
-        first. Without it a host tier filled once (by a load, or early in a run) keeps rows that are never
-        used again while hotter rows go to disk. With a horizon (``step``: the training lookups so far), of
-        the ``need`` coldest host rows those its batches use stay (measured on ``benchmarks.tiers --which
-        oracle``: fewer disk reads than looking past them for more, or demoting them by farthest next use)."""
+        """Make up to ``need`` host slots for rows leaving the fast tier (``incoming``: their ranks, as the
+        horizon ranks them: Horizon.ranked) by moving host rows that rank below them to disk, the lowest first
+        (tierec/store/demotion.py; ``step``: the training lookups so far). Without it a host tier filled once
+        (by a load, or early in a run) keeps rows that are never used again while hotter rows go to disk."""
         d = self.index
-        cand = self._cold_candidates(need)
-        if self.horizon.active and cand.size:
-            cand = cand[self.horizon.next_use(cand, step) == 0]
+        cand, ranks = self._cold.candidates(need, step)
         if cand.size == 0:
             return
         hot = np.sort(incoming)[::-1][: cand.size]
-        n = int(np.count_nonzero(hot > d.freq[cand]))  # both sorted: a prefix
+        n = int(np.count_nonzero(hot > ranks))  # both sorted: a prefix
         if n == 0:
             return
         down = cand[:n]
@@ -108,22 +110,6 @@ class HotnessPass:
         d.loc[down] = LOC_DISK
         self.moves.count(Counter.DISK_WRITE_ROWS, d.tabs[down])
         self.moves.count(Counter.DEMOTED, d.tabs[down])
-
-    def _cold_candidates(self, need: int) -> np.ndarray:
-        """Up to ``need`` rows still homed on host away from the fast tier, coldest first, from a ranking of
-        the coldest host rows made once per hotness pass (a pass over every row); rows that left the host
-        since drop out of it."""
-        d = self.index
-        for _ in range(2):
-            fresh = self._cold_host is None
-            if fresh:
-                self._cold_host = self._extreme(max(self.host.max_rows // 8, need), LOC_HOST, hottest=False)
-            ok = self._cold_host[d.away_in(self._cold_host, LOC_HOST)]
-            if ok.size or fresh:
-                self._cold_host = ok
-                return ok[:need]
-            self._cold_host = None  # used up since the last pass: rank again
-        return np.empty(0, dtype=np.int64)
 
     def delete_rows(self, lids: np.ndarray, counter: Counter) -> None:
         if lids.size == 0:

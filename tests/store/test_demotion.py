@@ -1,0 +1,85 @@
+"""Which host rows go to disk: the list kept across lookups (tierec/store/demotion.py) against ranking every
+host row at each call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tierec.store.demotion import ColdHostRows, coldest_homed
+from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
+from tierec.store.hotness import BEFORE_ALL
+
+
+class _Uses:
+    """The three calls ColdHostRows makes of a Horizon, over a plain array of next uses."""
+
+    def __init__(self, next_at: np.ndarray, length: int) -> None:
+        self.next_at, self.length, self.active = next_at, length, length > 0
+
+    def uses(self, step: int):
+        return (self.next_at, step, step + self.length) if self.active else None
+
+    def ranked(self, score: np.ndarray, lids: np.ndarray, step: int) -> np.ndarray:
+        t = self.next_at[lids]
+        inside = (t > step) & (t <= step + self.length)
+        return np.where(inside, BEFORE_ALL - t, score)
+
+
+def _reference(d: Directory, uses: _Uses, n: int, need: int, step: int) -> np.ndarray:
+    """Ranks of the ``need`` lowest-ranked host rows, from every host row."""
+    host = np.flatnonzero(d.tier[:n] == LOC_HOST)
+    r = d.freq[host].astype(np.float64)
+    if uses.active:
+        r = uses.ranked(r, host, step)
+    return np.sort(r)[:need]
+
+
+def _run(length: int, seed: int) -> None:
+    g = np.random.default_rng(seed)
+    n, need = 3000, 40
+    d = Directory()
+    lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
+    d.freq[lids] = g.integers(0, 50, n).astype(np.float32)
+    d.loc[lids] = LOC_HOST
+    d.loc[lids[g.random(n) < 0.3]] = LOC_DISK
+    next_at = g.integers(1, 400, n).astype(np.int32)
+    uses = _Uses(next_at, length)
+    cold = ColdHostRows(d, uses, batch=200)
+    for step in range(1, 120):
+        # rows used at this step leave the host (for the fast tier) and get their next use
+        used = np.flatnonzero(next_at == step)
+        d.loc[used[d.tier[used] == LOC_HOST]] = LOC_NONE
+        next_at[used] = step + g.integers(1, 300, used.size)
+        got, ranks = cold.candidates(need, step)
+        assert np.all(d.tier[got] == LOC_HOST) and np.unique(got).size == got.size
+        assert np.array_equal(np.sort(ranks), _reference(d, uses, n, need, step)), step
+        d.loc[got[: need // 2]] = LOC_DISK  # half of them demoted
+        # rows come to the host: some from disk, the ones used at this step
+        on_disk = np.flatnonzero(d.tier[:n] == LOC_DISK)
+        back = np.concatenate([g.choice(on_disk, min(15, on_disk.size), replace=False), used[d.tier[used] == LOC_NONE]])
+        d.loc[back] = LOC_HOST
+        cold.came(back, step)
+        if step % 50 == 0:  # a hotness pass: counts decay
+            d.freq[lids] = d.freq[lids] * np.float32(0.9)
+            cold.forget()
+
+
+def test_the_list_gives_the_lowest_ranked_host_rows_with_a_horizon() -> None:
+    _run(length=64, seed=1)
+
+
+def test_coldest_homed_orders_like_a_sort_of_every_row() -> None:
+    g = np.random.default_rng(2)
+    n = 5000
+    d = Directory()
+    lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
+    d.freq[lids] = g.integers(0, 1000, n).astype(np.float32)
+    d.loc[lids] = np.where(g.random(n) < 0.5, LOC_HOST, LOC_DISK).astype(np.int8)
+    next_at = g.integers(0, 200, n).astype(np.int32)
+    uses = _Uses(next_at, 64)
+    for k in (1, 100, 4000):
+        got = coldest_homed(d, k, LOC_HOST, uses.uses(50))
+        host = np.flatnonzero(d.tier[:n] == LOC_HOST)
+        r = uses.ranked(d.freq[host].astype(np.float64), host, 50)
+        want = host[np.lexsort((host, r))][:k]
+        assert np.array_equal(got, want)

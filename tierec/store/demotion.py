@@ -1,0 +1,190 @@
+"""ColdHostRows: which host rows go to disk when rows leaving the fast tier need host slots.
+
+The host rows leave in the order the fast tier's eviction ranks its own rows
+(tierec/store/eviction.py): first the rows no foreseen batch uses, fewest
+accesses first, then, with a horizon (tierec/store/horizon.py), the rows the
+foreseen batches use, farthest next use first; ties by lid. A row leaving the
+fast tier takes the slot of a host row only where it ranks above it, so host
+and fast tier together keep about what one pool of their size would. The rule
+before kept every host row a foreseen batch used: rows leaving the fast tier
+went to disk while host rows used a hundred batches later stayed (4x, fp32 rows,
+horizon 128: 1.22x the disk reads of Belady's rule, now 1.03x; the same tiers
+with the whole budget as fast tier read 1.01x). The rows a lookup brings up from
+the host leave it before its evictions (TierStore._lift_from_host), so rows
+sent down take their slots rather than disk, and no demotion moves a row that
+lookup needs.
+
+The ranking is a pass over every lid (a counting sort over the 256 quantised
+counts, then the horizon's steps), made for ``max_rows // 8`` rows at once.
+With a horizon, rows that come to the host later join the list by their rank
+then (:meth:`came`); a row's rank only rises while it stays on the host (a
+foreseen use comes into the horizon, then nearer), so each call ranks again
+only the head of the list, moving the rows whose rank rose to their place.
+Without one, rows that came since wait for the next ranking, as before (taking
+them at once read 3% more rows from disk: a row just sent down has few
+accesses, and is often used again soon). The list is ranked anew when too few
+of it are left on the host, when it has grown to four times its size, or when
+the hotness pass moves the counts on (:meth:`forget`). Which host rows go to
+disk moves encoded records only: it changes no number, whatever the cold codec.
+
+>>> import numpy as np
+>>> from tierec.store.directory import Directory, LOC_HOST
+>>> d = Directory()
+>>> lids = d.insert(np.arange(4), np.zeros(4, dtype=np.int32))
+>>> d.loc[lids] = LOC_HOST; d.freq[lids] = [5.0, 1.0, 3.0, 9.0]
+>>> rows = ColdHostRows(d, Horizon(0), 8)
+>>> rows.candidates(2, 0)[0].tolist()  # fewest accesses first
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from tierec.store.directory import LOC_HOST, Directory, dequantise, quantise
+from tierec.store.horizon import Horizon
+
+
+class ColdHostRows:
+    def __init__(self, index: Directory, horizon: Horizon, batch: int) -> None:
+        """``horizon``: the store's (next uses of its rows); ``batch``: rows ranked per pass (at least what one
+        call asks for)."""
+        self.index = index
+        self.horizon = horizon
+        self.batch = max(int(batch), 1)
+        # host rows by their rank when ranked or when they came (lowest first), and those ranks; None: rank anew
+        self._lids: np.ndarray | None = None
+        self._ranks = np.empty(0, dtype=np.float64)
+        self._cut = np.inf  # the rank of the last row the ranking took, where it left rows out
+
+    def forget(self) -> None:
+        """Rank again at the next call (the counts moved on)."""
+        self._lids = None
+
+    def came(self, lids: np.ndarray, step: int) -> None:
+        """Rows ``lids`` were just homed on the host (at training step ``step``): with a horizon, candidates from
+        now on, in the order of their rank now (without one, from the next ranking)."""
+        if self._lids is None or lids.size == 0 or not self.horizon.active:
+            return
+        r = self._rank(lids, step, coming=True)
+        order = np.argsort(r, kind="stable")
+        at = np.searchsorted(self._ranks, r[order], side="right")
+        self._lids = np.insert(self._lids, at, lids[order])
+        self._ranks = np.insert(self._ranks, at, r[order])
+
+    def candidates(self, need: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(lids [m], ranks [m]) of up to ``need`` rows homed on the host that rank lowest now (Horizon.ranked
+        at training step ``step``), lowest first, from the ``2 * need`` first of the list still on the host
+        (the rest ranked above them when listed, and ranks only rise)."""
+        d = self.index
+        if self._lids is not None and self._lids.size > 4 * self.batch:  # mostly rows that left: rank anew
+            self._lids = None
+        for _ in range(2):
+            fresh = self._lids is None
+            if fresh:
+                k = max(self.batch, need)
+                self._lids = coldest_homed(d, k, LOC_HOST, self.horizon.uses(step))
+                self._ranks = self._rank(self._lids, step)  # ascending: the order ranks them
+                # host rows left out rank at or above the last one taken
+                self._cut = float(self._ranks[-1]) if self._lids.size == k else np.inf
+            here = d.away_in(self._lids, LOC_HOST)
+            if not here.all():
+                self._lids, self._ranks = self._lids[here], self._ranks[here]
+            if self._lids.size >= need or fresh:
+                break
+            self._lids = None  # too few left: rank anew
+        for _ in range(2):  # rows whose rank rose since they were listed move to their place
+            head, listed = self._lids[: 2 * need], self._ranks[: 2 * need]
+            r = self._rank(head, step)
+            risen = r > listed
+            if not risen.any():
+                break
+            stay = np.concatenate([np.flatnonzero(~risen), np.arange(head.size, self._lids.size)])
+            self._lids, self._ranks = self._lids[stay], self._ranks[stay]
+            order = np.argsort(r[risen], kind="stable")
+            moved, moved_r = head[risen][order], r[risen][order]
+            at = np.searchsorted(self._ranks, moved_r, side="right")
+            self._lids, self._ranks = np.insert(self._lids, at, moved), np.insert(self._ranks, at, moved_r)
+            head = self._lids[: 2 * need]
+            r = self._rank(head, step)
+        lids, ranks = _lowest_once(head, r, need)
+        if not fresh and ranks.size and ranks[-1] > self._cut:
+            self._lids = None  # rows left out of the ranking may rank below these now: rank anew
+            return self.candidates(need, step)
+        return lids, ranks
+
+    def _rank(self, lids: np.ndarray, step: int, coming: bool = False) -> np.ndarray:
+        """Horizon.ranked of rows ``lids``; ``coming``: rows still in the fast tier, ranked by the count they will
+        have on the host (quantised)."""
+        r = self.index.freq[lids]
+        if coming:
+            r = dequantise(quantise(r))
+        r = r.astype(np.float64)
+        return self.horizon.ranked(r, lids, step) if self.horizon.active else r
+
+
+def _lowest_once(lids: np.ndarray, ranks: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` lowest ranks' lids, lowest first, each lid once (a row listed twice: it left the host and came
+    back)."""
+    while True:
+        m = min(k, lids.size)
+        pick = np.argpartition(ranks, m - 1)[:m] if 0 < m < lids.size else np.arange(m)
+        pick = pick[np.argsort(ranks[pick], kind="stable")]
+        _, first = np.unique(lids[pick], return_index=True)
+        if first.size == pick.size or m == lids.size:
+            first.sort()
+            return lids[pick[first]], ranks[pick[first]]
+        keep = np.ones(lids.size, dtype=bool)  # not the later entries of the rows picked twice: pick again
+        keep[pick] = False
+        keep[pick[first]] = True
+        lids, ranks = lids[keep], ranks[keep]
+
+
+def coldest_homed(d: Directory, k: int, loc: int, uses: tuple[np.ndarray, int, int] | None) -> np.ndarray:
+    """lids of the ``k`` rows homed in ``loc`` (away from the fast tier) that leave first (the module's order)."""
+    next_at, step, until = uses if uses is not None else (np.empty(0, dtype=np.int32), 0, 0)
+    out = np.empty(max(min(k, d.high), 0), dtype=np.int64)
+    n = _coldest_homed(d.tier, d.fq, d.high, np.int8(loc), next_at, np.int64(step), np.int64(until), out.size, out)
+    return out[:n]
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _key(fq, r, next_at, step, until):
+    """A row's place in the order: its quantised count (0-255) unless a foreseen batch uses it, then 256 plus
+    how much sooner than the horizon's last step."""
+    if r < next_at.shape[0]:
+        t = next_at[r]
+        if step < t <= until:
+            return 256 + (until - t)
+    return np.int64(fq[r])
+
+
+@nb.njit(cache=True, nogil=True)
+def _coldest_homed(tier, fq, high, loc, next_at, step, until, k, out):
+    """A histogram pass over the keys, then a collecting pass (a counting sort); returns how many were
+    written to ``out``, in order, ties by lid."""
+    n_keys = 256 + max(until - step, 0)
+    hist = np.zeros(n_keys, dtype=np.int64)
+    for r in range(high):
+        if tier[r] == loc:
+            hist[_key(fq, r, next_at, step, until)] += 1
+    take = np.zeros(n_keys, dtype=np.int64)
+    start = np.zeros(n_keys, dtype=np.int64)
+    n = 0
+    for b in range(n_keys):
+        m = min(hist[b], k - n)
+        take[b], start[b] = m, n
+        n += m
+        if n == k:
+            break
+    if n == 0:
+        return 0
+    for r in range(high):
+        if tier[r] == loc:
+            b = _key(fq, r, next_at, step, until)
+            if take[b] > 0:
+                out[start[b]] = r
+                start[b] += 1
+                take[b] -= 1
+    return n

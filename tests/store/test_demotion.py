@@ -83,3 +83,62 @@ def test_coldest_homed_orders_like_a_sort_of_every_row() -> None:
         r = uses.ranked(d.freq[host].astype(np.float64), host, 50)
         want = host[np.lexsort((host, r))][:k]
         assert np.array_equal(got, want)
+
+
+REC = 4 * (4 + 1)  # a row of dim 4 and its row-wise Adagrad state, in bytes
+
+
+def _tiered(tmp_path, cold: str = "fp32"):
+    from tierec.embedding.table import TableConfig
+    from tierec.store.group import TieredGroup
+    from tierec.store.spec import ColdPrecision, TierSpec
+
+    spec = TierSpec(cache_bytes=8 * REC, host_bytes=16 * REC, disk_dir=str(tmp_path), in_flight=2,
+                    cold_precision=ColdPrecision(cold))
+    return TieredGroup([TableConfig(name="t", dim=4, features=["f"])], spec, seed=0)
+
+
+def _look(g, keys) -> None:
+    keys = np.asarray(keys, dtype=np.int64)
+    g.lookup(keys, np.zeros(keys.size, dtype=np.int32), insert=True)
+
+
+def test_rows_sent_down_take_the_host_slots_of_the_rows_a_lookup_brings_up(tmp_path) -> None:
+    """The host is full; a lookup brings 8 rows up from it and sends the fast tier's 8 down: they take those
+    host slots, none goes to disk, and every row keeps its values."""
+    from tierec.store.spec import Counter
+
+    g = _tiered(tmp_path)
+    for k in range(0, 24, 8):  # rows 0-15 end on the host, 16-23 in the fast tier
+        _look(g, np.arange(k, k + 8))
+    assert g.host.free_rows == 0
+    keys = np.arange(24)
+    before = g.records_of(keys, np.zeros(24, dtype=np.int32))[1]
+    writes = g.counters[:, Counter.DISK_WRITE_ROWS].sum()
+    _look(g, np.arange(8))  # from the host
+    assert g.counters[:, Counter.DISK_WRITE_ROWS].sum() == writes  # the rows sent down took the freed slots
+    found, after = g.records_of(keys, np.zeros(24, dtype=np.int32))
+    assert found.all() and np.array_equal(after, before)
+    g.close()
+
+
+def test_a_lookup_that_finds_no_room_leaves_its_host_rows_where_they_were(tmp_path) -> None:
+    """With compact rows the last two lookups' rows stay pinned, so a lookup of 8 host rows finds 4 slots to
+    free: it fails with CacheCapacityError after reading its host rows, which go back to the host with their
+    values."""
+    import pytest
+
+    from tierec.store.group import CacheCapacityError
+
+    g = _tiered(tmp_path, "int8")
+    for k in range(0, 16, 4):
+        _look(g, np.arange(k, k + 4))  # rows 0-7 end on the host, 8-15 in the fast tier
+    keys = np.arange(16)
+    before = g.records_of(keys, np.zeros(16, dtype=np.int32))[1]
+    used = g.host.used
+    with pytest.raises(CacheCapacityError):
+        _look(g, np.arange(8))
+    assert g.host.used == used
+    found, after = g.records_of(keys, np.zeros(16, dtype=np.int32))
+    assert found.all() and np.array_equal(after, before)
+    g.close()

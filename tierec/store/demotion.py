@@ -57,6 +57,7 @@ class ColdHostRows:
         self._lids: np.ndarray | None = None
         self._ranks = np.empty(0, dtype=np.float64)
         self._cut = np.inf  # the rank of the last row the ranking took, where it left rows out
+        self._size = 1  # rows the ranking took
 
     def forget(self) -> None:
         """Rank again at the next call (the counts moved on)."""
@@ -77,42 +78,58 @@ class ColdHostRows:
         """(lids [m], ranks [m]) of up to ``need`` rows homed on the host that rank lowest now (Horizon.ranked
         at training step ``step``), lowest first, from the ``2 * need`` first of the list still on the host
         (the rest ranked above them when listed, and ranks only rise)."""
-        d = self.index
-        if self._lids is not None and self._lids.size > 4 * self.batch:  # mostly rows that left: rank anew
+        if self._lids is not None and self._lids.size > 4 * self._size:  # mostly rows that left: rank anew
             self._lids = None
-        for _ in range(2):
-            fresh = self._lids is None
-            if fresh:
-                k = max(self.batch, need)
-                self._lids = coldest_homed(d, k, LOC_HOST, self.horizon.uses(step))
-                self._ranks = self._rank(self._lids, step)  # ascending: the order ranks them
-                # host rows left out rank at or above the last one taken
-                self._cut = float(self._ranks[-1]) if self._lids.size == k else np.inf
-            here = d.away_in(self._lids, LOC_HOST)
-            if not here.all():
-                self._lids, self._ranks = self._lids[here], self._ranks[here]
-            if self._lids.size >= need or fresh:
-                break
-            self._lids = None  # too few left: rank anew
-        for _ in range(2):  # rows whose rank rose since they were listed move to their place
-            head, listed = self._lids[: 2 * need], self._ranks[: 2 * need]
-            r = self._rank(head, step)
-            risen = r > listed
+        fresh = self._lids is None
+        if fresh:
+            self._rank_anew(need, step)
+        for _ in range(3):
+            head = self._valid_head(2 * need)
+            if head < need and not fresh:  # too few left: rank anew
+                self._rank_anew(need, step)
+                fresh = True
+                head = self._valid_head(2 * need)
+            r = self._rank(self._lids[:head], step)
+            risen = r > self._ranks[:head]
             if not risen.any():
                 break
-            stay = np.concatenate([np.flatnonzero(~risen), np.arange(head.size, self._lids.size)])
-            self._lids, self._ranks = self._lids[stay], self._ranks[stay]
-            order = np.argsort(r[risen], kind="stable")
-            moved, moved_r = head[risen][order], r[risen][order]
-            at = np.searchsorted(self._ranks, moved_r, side="right")
-            self._lids, self._ranks = np.insert(self._lids, at, moved), np.insert(self._ranks, at, moved_r)
-            head = self._lids[: 2 * need]
-            r = self._rank(head, step)
-        lids, ranks = _lowest_once(head, r, need)
+            self._move(risen, r)  # rows whose rank rose since they were listed go to their place
+        lids, ranks = _lowest_once(self._lids[:head], r, need)
         if not fresh and ranks.size and ranks[-1] > self._cut:
             self._lids = None  # rows left out of the ranking may rank below these now: rank anew
             return self.candidates(need, step)
         return lids, ranks
+
+    def _rank_anew(self, need: int, step: int) -> None:
+        k = max(self.batch, 4 * need)  # a small host is ranked whole: nothing left out
+        self._lids = coldest_homed(self.index, k, LOC_HOST, self.horizon.uses(step))
+        self._ranks = self._rank(self._lids, step)  # ascending: the order ranks them
+        self._cut = float(self._ranks[-1]) if self._lids.size == k else np.inf  # rows left out rank at or above it
+        self._size = max(self._lids.size, need)
+
+    def _valid_head(self, n: int) -> int:
+        """Drop the rows that left the host from the front of the list until its first ``n`` (or all) are on
+        the host; returns how many of them there are."""
+        good = 0
+        while good < min(n, self._lids.size):
+            end = min(self._lids.size, good + 2 * (n - good))
+            here = self.index.away_in(self._lids[good:end], LOC_HOST)
+            if not here.all():
+                keep = np.concatenate([np.arange(good), good + np.flatnonzero(here), np.arange(end, self._lids.size)])
+                self._lids, self._ranks = self._lids[keep], self._ranks[keep]
+            good += int(np.count_nonzero(here))
+        return min(n, self._lids.size)
+
+    def _move(self, risen: np.ndarray, r: np.ndarray) -> None:
+        """The head's rows ``risen`` (mask over the first ``risen.size``), now ranked ``r[risen]``, to their place."""
+        n = risen.size
+        moved = self._lids[:n][risen]
+        stay = np.concatenate([np.flatnonzero(~risen), np.arange(n, self._lids.size)])
+        self._lids, self._ranks = self._lids[stay], self._ranks[stay]
+        order = np.argsort(r[risen], kind="stable")
+        moved, moved_r = moved[order], r[risen][order]
+        at = np.searchsorted(self._ranks, moved_r, side="right")
+        self._lids, self._ranks = np.insert(self._lids, at, moved), np.insert(self._ranks, at, moved_r)
 
     def _rank(self, lids: np.ndarray, step: int, coming: bool = False) -> np.ndarray:
         """Horizon.ranked of rows ``lids``; ``coming``: rows still in the fast tier, ranked by the count they will
@@ -129,8 +146,11 @@ def _lowest_once(lids: np.ndarray, ranks: np.ndarray, k: int) -> tuple[np.ndarra
     back)."""
     while True:
         m = min(k, lids.size)
-        pick = np.argpartition(ranks, m - 1)[:m] if 0 < m < lids.size else np.arange(m)
-        pick = pick[np.argsort(ranks[pick], kind="stable")]
+        if m == 0 or bool(np.all(ranks[1:] >= ranks[:-1])):  # the list's head, no rank risen: in order already
+            pick = np.arange(m)
+        else:
+            pick = np.argpartition(ranks, m - 1)[:m] if m < lids.size else np.arange(m)
+            pick = pick[np.argsort(ranks[pick], kind="stable")]
         _, first = np.unique(lids[pick], return_index=True)
         if first.size == pick.size or m == lids.size:
             first.sort()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tierec.store.demotion import ColdHostRows, coldest_homed
+from tierec.store.demotion import RANKED_FROM, ColdHostRows, coldest_homed
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.hotness import BEFORE_ALL
 
@@ -19,22 +19,29 @@ class _Uses:
     def uses(self, step: int):
         return (self.next_at, step, step + self.length) if self.active else None
 
+    def next_use(self, lids: np.ndarray, step: int) -> np.ndarray:
+        t = self.next_at[lids]
+        return np.where((t > step) & (t <= step + self.length), t, 0)
+
     def ranked(self, score: np.ndarray, lids: np.ndarray, step: int) -> np.ndarray:
         t = self.next_at[lids]
         inside = (t > step) & (t <= step + self.length)
         return np.where(inside, BEFORE_ALL - t, score)
 
 
-def _reference(d: Directory, uses: _Uses, n: int, need: int, step: int) -> np.ndarray:
-    """Ranks of the ``need`` lowest-ranked host rows, from every host row."""
+def _reference(d: Directory, uses: _Uses, n: int, need: int, step: int, by_horizon: bool) -> np.ndarray:
+    """Ranks of the ``need`` lowest-ranked host rows, from every host row (by counts: those the horizon uses
+    never leave)."""
     host = np.flatnonzero(d.tier[:n] == LOC_HOST)
     r = d.freq[host].astype(np.float64)
-    if uses.active:
+    if by_horizon:
         r = uses.ranked(r, host, step)
+    else:
+        r[uses.next_use(host, step) > 0] = np.inf
     return np.sort(r)[:need]
 
 
-def _run(length: int, seed: int) -> None:
+def _run(length: int, seed: int, host_rows: int = 1600) -> None:
     g = np.random.default_rng(seed)
     n, need = 3000, 40
     d = Directory()
@@ -44,7 +51,8 @@ def _run(length: int, seed: int) -> None:
     d.loc[lids[g.random(n) < 0.3]] = LOC_DISK
     next_at = g.integers(1, 400, n).astype(np.int32)
     uses = _Uses(next_at, length)
-    cold = ColdHostRows(d, uses, batch=200)
+    cold = ColdHostRows(d, uses, host_rows)  # ranks 200 at a time
+    by_horizon = host_rows >= RANKED_FROM * need
     for step in range(1, 120):
         # rows used at this step leave the host (for the fast tier) and get their next use
         used = np.flatnonzero(next_at == step)
@@ -52,7 +60,15 @@ def _run(length: int, seed: int) -> None:
         next_at[used] = step + g.integers(1, 300, used.size)
         got, ranks = cold.candidates(need, step)
         assert np.all(d.tier[got] == LOC_HOST) and np.unique(got).size == got.size
-        assert np.array_equal(np.sort(ranks), _reference(d, uses, n, need, step)), step
+        want = _reference(d, uses, n, need, step, by_horizon)
+        if by_horizon:
+            assert np.array_equal(np.sort(ranks), want), step
+        else:  # by counts: none the horizon uses; rows that came since the ranking wait for the next one
+            assert np.all(np.isfinite(ranks)) and not np.any(uses.next_use(got, step) > 0), step
+            if step % 10 == 0:
+                cold.forget()
+                got, ranks = cold.candidates(need, step)
+                assert np.array_equal(np.sort(ranks), want[: ranks.size]) and np.isfinite(want[: ranks.size]).all(), step
         d.loc[got[: need // 2]] = LOC_DISK  # half of them demoted
         # rows come to the host: some from disk, the ones used at this step
         on_disk = np.flatnonzero(d.tier[:n] == LOC_DISK)
@@ -66,6 +82,10 @@ def _run(length: int, seed: int) -> None:
 
 def test_the_list_gives_the_lowest_ranked_host_rows_with_a_horizon() -> None:
     _run(length=64, seed=1)
+
+
+def test_a_small_host_demotes_by_counts_and_keeps_the_rows_the_horizon_uses() -> None:
+    _run(length=64, seed=3, host_rows=800)
 
 
 def test_coldest_homed_orders_like_a_sort_of_every_row() -> None:

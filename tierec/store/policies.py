@@ -53,7 +53,7 @@ class HotnessPass:
         self.moves = moves
         self.horizon = horizon  # host rows the next batches use stay
         # host rows in the order they leave for disk, ranked at most once per pass while enough are left
-        self._cold = ColdHostRows(index, horizon, host.max_rows // 8 if host is not None and host.max_rows else 1)
+        self._cold = ColdHostRows(index, horizon, host.max_rows if host is not None else None)
 
     def maintain(self, clock: int, train_steps: int) -> None:
         """The pass, at lookup number ``clock`` (``train_steps`` of them training)."""

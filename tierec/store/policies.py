@@ -51,7 +51,7 @@ class HotnessPass:
         self.host = host
         self.disk = disk
         self.moves = moves
-        self.horizon = horizon  # host rows the next batches use stay
+        self.horizon = horizon  # next uses: the demotion order (tierec/store/demotion.py)
         # host rows in the order they leave for disk, ranked at most once per pass while enough are left
         self._cold = ColdHostRows(index, horizon, host.max_rows if host is not None else None)
 

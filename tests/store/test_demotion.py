@@ -162,3 +162,22 @@ def test_a_lookup_that_finds_no_room_leaves_its_host_rows_where_they_were(tmp_pa
     found, after = g.records_of(keys, np.zeros(16, dtype=np.int32))
     assert found.all() and np.array_equal(after, before)
     g.close()
+
+
+def test_a_head_of_risen_rows_many_times_over_still_gives_the_lowest() -> None:
+    """The list's first 400 rows all gain a foreseen use after it was made: each head the call looks at is all
+    risen rows, more times than it moves them; what it returns is still the lowest-ranked host rows, with their
+    ranks now."""
+    n, need = 2000, 20
+    d = Directory()
+    lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
+    d.freq[lids] = np.arange(n, dtype=np.float32)  # row i has count i: the list starts 0, 1, 2, ...
+    d.loc[lids] = LOC_HOST
+    next_at = np.zeros(n, dtype=np.int32)
+    uses = _Uses(next_at, 64)
+    cold = ColdHostRows(d, uses, 8 * (n + 1))  # each ranking takes all n rows: none left out
+    cold.candidates(need, 1)  # ranked: no row is foreseen yet
+    next_at[:400] = 50  # now the 400 coldest are used at step 50
+    got, ranks = cold.candidates(need, 10)
+    assert np.array_equal(np.sort(ranks), _reference(d, uses, n, need, 10, True))
+    assert np.array_equal(np.sort(got), np.arange(400, 400 + need))

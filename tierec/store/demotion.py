@@ -103,6 +103,11 @@ class ColdHostRows:
             if not risen.any():
                 break
             self._move(risen, r)  # rows whose rank rose since they were listed go to their place
+        else:  # more of the list rose than three heads: rank anew
+            self._rank_anew(need, step)
+            fresh = True
+            head = self._valid_head(2 * need)
+            r = self._ranks[:head]
         lids, ranks = _lowest_once(self._lids[:head], r, need)
         if not self._by_horizon and ranks.size and np.isinf(ranks[-1]):  # by counts the rows the horizon uses stay
             lids, ranks = lids[np.isfinite(ranks)], ranks[np.isfinite(ranks)]

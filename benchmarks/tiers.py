@@ -286,7 +286,7 @@ class Runner:
         (as in TrainPipeline.run)."""
         if self.pipe is None:
             return iter(batches)
-        return self.pipe.run(iter(batches), thread=self.train.step_threads is not None or "+ownthread" in self.mode)
+        return self.pipe.run(iter(batches), thread=self.train.step_threads is not None)
 
     def _mark(self) -> tuple:
         tot = self.monitor.totals() if self.monitor.active else {}

@@ -46,6 +46,7 @@ import numba as nb
 import numpy as np
 
 from tierec.store.directory import LOC_HOST, Directory, dequantise, quantise
+from tierec.store.hotness import bucket_quota
 from tierec.store.horizon import Horizon
 
 
@@ -120,7 +121,9 @@ class ColdHostRows:
         k = max(self.batch, 4 * need)  # a small host is ranked whole: nothing left out
         self._by_horizon = self.horizon.active and (self.host_rows is None or self.host_rows >= RANKED_FROM * need)
         self._lids = coldest_homed(self.index, k, LOC_HOST, self.horizon.uses(step) if self._by_horizon else None)
-        self._ranks = self._rank(self._lids, step)  # ascending: the order ranks them
+        # ascending in the horizon's order; by counts the rows the horizon uses rank inf among them, and a rank
+        # only rises to inf there, which _move puts last
+        self._ranks = self._rank(self._lids, step)
         self._cut = float(self._ranks[-1]) if self._lids.size == k else np.inf  # rows left out rank at or above it
         self._size = max(self._lids.size, need)
 
@@ -211,15 +214,8 @@ def _coldest_homed(tier, fq, high, loc, next_at, step, until, k, out):
     for r in range(high):
         if tier[r] == loc:
             hist[_key(fq, r, next_at, step, until)] += 1
-    take = np.zeros(n_keys, dtype=np.int64)
-    start = np.zeros(n_keys, dtype=np.int64)
-    n = 0
-    for b in range(n_keys):
-        m = min(hist[b], k - n)
-        take[b], start[b] = m, n
-        n += m
-        if n == k:
-            break
+    take, start = np.zeros(n_keys, dtype=np.int64), np.zeros(n_keys, dtype=np.int64)
+    n = bucket_quota(hist, k, False, take, start)
     if n == 0:
         return 0
     for r in range(high):

@@ -49,6 +49,7 @@ from tierec.embedding.hash_index import table_dtype
 from tierec.embedding.kernels import home_slot, key_hash
 from tierec.embedding.prefetch import AHEAD, prefetch_row
 from tierec.sizes import release_free_memory
+from tierec.store.hotness import bucket_quota
 
 MAX_LOAD = 0.8  # rebuild the slot array when it would be fuller than this ...
 REBUILD_LOAD = 0.55  # ... into one this full
@@ -252,16 +253,8 @@ def _extreme_away(tier, tabs, fq, high, loc, k, hottest, out):
         if (t != loc) if loc >= 0 else ((t & _RESIDENT) != 0 or tabs[r] < 0):
             continue
         hist[fq[r]] += 1
-    take = np.zeros(256, dtype=np.int64)
-    start = np.zeros(256, dtype=np.int64)
-    n = 0
-    for j in range(256):
-        b = 255 - j if hottest else j
-        m = min(hist[b], k - n)
-        take[b], start[b] = m, n
-        n += m
-        if n == k:
-            break
+    take, start = np.zeros(256, dtype=np.int64), np.zeros(256, dtype=np.int64)
+    n = bucket_quota(hist, k, hottest, take, start)
     if n == 0:
         return 0
     for r in range(high):

@@ -227,6 +227,23 @@ def _lowest_evictable(slot_lid, pin, keep, clock, pinned_from, score_of_slot, so
     return n_below, n_ties
 
 
+@nb.njit(cache=True, nogil=True)
+def bucket_quota(hist, k, reverse, take, start):
+    """A counting sort's split of the first ``k`` rows in bucket order (``reverse``: the highest bucket first):
+    how many each bucket of ``hist`` gives (``take``) and where its first one goes (``start``); returns how
+    many in all (at most ``k``)."""
+    n = 0
+    last = hist.shape[0] - 1
+    for j in range(last + 1):
+        b = last - j if reverse else j
+        m = min(hist[b], k - n)
+        take[b], start[b] = m, n
+        n += m
+        if n == k:
+            break
+    return n
+
+
 def lowest(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions of the ``k`` lowest scores (any order; among ties at the k-th score, any of them).
 

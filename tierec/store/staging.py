@@ -163,6 +163,16 @@ class Staging:
             out &= ~_member(w.lids, lids)[0]
         return out
 
+    def current(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """[n] bool: rows ``lids`` (int64) homed at ``slots`` with ``epochs`` now of which a window holds the
+        current record (what :meth:`take` would find; a row staged before its record moved is not)."""
+        found = np.zeros(lids.shape[0], dtype=bool)
+        pos = np.empty(lids.shape[0], dtype=np.int64)
+        for w in self._windows.values():
+            if w.lids.size and _locate(w.lids, w.slots, w.epochs, lids, slots, epochs, found, pos):
+                found |= pos >= 0
+        return found
+
     def add(
         self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray, read: PendingRead, until: np.ndarray,
         ids: WindowIds | None = None,

@@ -103,6 +103,46 @@ def test_looking_up_ahead_trains_exactly_like_the_sequential_step(
         assert sa == sb
 
 
+def test_a_lookup_the_tiers_left_to_the_forward_keeps_the_next_one_waiting(tmp_path: Path, two_torch_threads: None) -> None:
+    """Where the loop leaves the tiers a core, the next batch's lookup starts before this batch's forward only
+    when this batch's lookup ran ahead; where the tiers left it to the forward (here every third one), the next
+    waits for it (int8 rows: lookups in another order round other rows)."""
+    import time
+
+    runs = {}
+    for how in ("sequential", "ahead"):
+        cfg = load_config(None, BASE + _tiers(tmp_path / how, "int8") + ["store.leave_core=on", "store.interval=1000"])
+        source = open_source(cfg.data, "train", cfg.train.batch_size)
+        parts = Components.build(cfg, source.feature_names, source.n_dense)
+        group = parts.embeddings.groups[0]
+        look, lookup, calls = group.lookup_ahead, group.lookup, []
+
+        def refusing(keys, tabs, known=None, look=look, calls=calls):
+            calls.append(len(calls))
+            if len(calls) % 3 == 0:
+                return None  # as the tiers do where a hotness pass is due, or two batches might not fit
+            return look(keys, tabs) if known is None else look(keys, tabs, known=known)
+
+        def slow(keys, tabs, insert, known=None, lookup=lookup):  # the forward's own lookup: late
+            if threading.current_thread() is threading.main_thread():
+                time.sleep(0.05)
+            return lookup(keys, tabs, insert, known)
+
+        group.lookup_ahead, group.lookup = refusing, slow
+        batches = list(islice(iter(source), 13))
+        with TrainPipeline(parts, Job(cfg), cfg) as pipe:
+            assert pipe.step_threads == 1
+            nexts = [*batches[1:12], None] if how == "ahead" else [None] * 12
+            losses = [pipe.step(b, n) for b, n in zip(batches[:12], nexts)]
+        runs[how] = (losses, _rows(parts))
+        if how == "ahead":
+            assert len(calls) == 11
+        group.close()
+    (la, ra), (lb, rb) = runs["sequential"], runs["ahead"]
+    assert la == lb
+    assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
+
+
 def test_a_run_with_checkpoints_resumes_exactly_with_lookups_ahead(tmp_path: Path) -> None:
     """Checkpoints, evaluations and the end are boundaries the pipeline does not look across."""
     import shutil

@@ -148,6 +148,12 @@ class EmbeddingCollection(nn.Module):
             parts.append(Prepared(ukeys, utabs, inverse, off, rows, known))
         return Ahead(given, parts)
 
+    def brought_up(self, ahead: Ahead) -> bool:
+        """Every storage that looks up ahead (the tiers) did this prepared batch's lookup: its :meth:`forward`
+        looks nothing up there, so the next batch's lookup may start before it."""
+        return all(part.found is not None for plan, part in zip(self.plans, ahead.parts)
+                   if getattr(plan.group, "lookup_ahead", None) is not None)
+
     def group_ids(self, gi: int, sparse: SparseFeatures) -> tuple[np.ndarray, np.ndarray]:
         """(ids [N], tables [N]) of group ``gi``'s features in a batch, in the order its lookup reads them (what
         the store's read-ahead windows keep for :meth:`~tierec.store.group.TierStore.resolve`)."""

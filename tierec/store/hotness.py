@@ -147,9 +147,9 @@ def coldest_evictable(slot_lid: np.ndarray, pin: np.ndarray, clock: int, score: 
     spaced slots; one pass keeps the evictable slots below it and the first ``k`` at it, reading a slot's
     pin, and its next use (``uses``, which only raises a score), only where its own score is low enough.
     With a horizon whose batches use most resident rows most next uses below the bound are read anyway (at 4x
-    fp32, horizon 128: 154k of 325k slots for 8k rows to leave, 3.0 ms a call). The count is then a lower bound (``k`` or
-    more) unless fewer than ``k`` may leave: where the pass finds too few, the plain path, with the exact
-    count."""
+    fp32, horizon 128: 154k of 325k slots for 8k rows to leave, 3.0 ms a call). The count is then a lower bound
+    (``k`` or more) unless fewer than ``k`` may leave: where the pass finds too few, the plain path, with the
+    exact count."""
     c = slot_lid.shape[0]
     pinned_from = np.int64(clock - in_flight + 1)
     next_at, step, until = uses if uses is not None else _no_uses()

@@ -142,12 +142,13 @@ class Staging:
 
     @property
     def held_rows(self) -> int:
-        return sum(w.lids.size for w in self._windows.values())
+        return sum(w.lids.size for w in list(self._windows.values()))
 
     def nbytes(self) -> int:
-        """Bytes held: per row its record (with the lid header) and its bookkeeping (``ROW_BOOKKEEPING``)."""
+        """Bytes held: per row its record (with the lid header) and its bookkeeping (``ROW_BOOKKEEPING``). Safe
+        beside a lookup on another thread (a report's): it sums a copy of the windows, taken at once."""
         return sum(w.read.nbytes + w.lids.nbytes + w.slots.nbytes + w.epochs.nbytes + w.until.nbytes + w.used.nbytes
-                   for w in self._windows.values())
+                   for w in list(self._windows.values()))
 
     def room(self, budget: int, record_bytes: int, wanted: int) -> int:
         """How many of ``wanted`` more rows of ``record_bytes`` fit beside the windows held in ``budget`` bytes

@@ -60,12 +60,12 @@ def test_a_lookup_starts_reading_its_rows_no_window_holds_before_it_evicts(tmp_p
     take_slots = g._take_slots
 
     def spy(n: int, best_effort: bool = False) -> np.ndarray:
-        reading.append(g.early.held_rows)  # the lookup's own reads, started already
+        reading.append(g.disk_rows.early.held_rows)  # the lookup's own reads, started already
         return take_slots(n, best_effort)
 
     g._take_slots = spy
     rows = g.lookup(np.arange(6, dtype=np.int64), _tabs(6), insert=True)
-    assert reading == [2] and g.early.stats.staged_rows == 2 and g.early.held_rows == 0
+    assert reading == [2] and g.disk_rows.early.stats.staged_rows == 2 and g.disk_rows.early.held_rows == 0
     assert int(g.counters[0, Counter.PREFETCHED]) == 4 and int(g.counters[0, Counter.DISK_READ_ROWS]) == 6
     torch.testing.assert_close(g.weights[rows], torch.from_numpy(before[:, :DIM]), rtol=0, atol=0)
     g.release_staged(token)
@@ -81,10 +81,10 @@ def test_a_record_read_ahead_is_not_used_once_the_row_moved(tmp_path) -> None:
     _look(g, np.arange(16, 24))  # and go down again: new records at new homes
     before = g.records_of(np.arange(4, dtype=np.int64), _tabs(4))[1]
     used = int(g.counters[0, Counter.PREFETCHED])
-    early = g.early.stats.staged_rows
+    early = g.disk_rows.early.stats.staged_rows
     rows = g.lookup(np.arange(4, dtype=np.int64), _tabs(4), insert=True)  # the window holds old records: not taken
     assert int(g.counters[0, Counter.PREFETCHED]) == used
-    assert g.early.stats.staged_rows == early + 4  # read from before the lookup evicted, as rows no window holds
+    assert g.disk_rows.early.stats.staged_rows == early + 4  # read from before the lookup evicted, as rows no window holds
     torch.testing.assert_close(g.weights[rows], torch.from_numpy(before[:, :DIM]) + 0.0, rtol=0, atol=0)
     g.release_staged(token)
     g.close()

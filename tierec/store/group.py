@@ -88,6 +88,7 @@ from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.disk import DiskTier
+from tierec.store.disk_rows import DiskRows
 from tierec.store.eviction import Eviction
 from tierec.store.fast_tier import ZERO_SLOT, FastTier
 from tierec.store.horizon import Horizon
@@ -161,7 +162,8 @@ class TierStore:
         self._appended_seen = 0  # the disk tier's appended_rows at the last lookup's compaction
         self._lock = threading.RLock()
         self.staging = Staging()  # disk records of upcoming batches, read ahead (stage())
-        self.early = Staging()  # disk records of the lookup running, read while it evicts (_read_early)
+        # where a lookup's disk rows come from: the windows' records, its own read early, the rest on demand
+        self.disk_rows = DiskRows(self.disk, self.staging) if self.disk is not None else None
         # seconds: in lookup, of which waiting for the lock (held by another thread), in stage()
         self.timers = {"lookup_s": 0.0, "lock_wait_s": 0.0, "prefetch_s": 0.0}
         # The row moves the hotness pass and the checkpoint records use (held weakly: no reference cycle).
@@ -406,7 +408,7 @@ class TierStore:
             )
         if miss.size:
             up, loc, home = lids[miss], loc[miss], home[miss].astype(np.int64, copy=False)
-            early = self._read_early(up, loc, home)
+            early = self.disk_rows.start(up, loc, home) if self.disk_rows is not None else None  # while it evicts
             try:
                 lifted = self._lift_from_host(up, loc, home)  # their host slots take rows the evictions below send down
                 try:
@@ -418,31 +420,10 @@ class TierStore:
                 self._bring_up(up, slots, loc, home, lifted)
             finally:
                 if early is not None:
-                    self.early.release(early)
+                    self.disk_rows.finish(early)
             self.fast.pin[slots] = pin
             cs[miss] = slots
         return cs
-
-    def _read_early(self, lids: np.ndarray, loc: np.ndarray, home: np.ndarray) -> int | None:
-        """Start reading the records of the rows ``lids`` homed on disk (``loc``/``home`` as probed) of which no
-        window holds the current one (not read ahead, or moved since by compaction), on the disk tier's
-        read-ahead threads, so that the evictions before :meth:`_bring_up` hide the reads (at 4x fp32 264 rows
-        of 6,910 a lookup were read on demand, about 4 ms); returns the token in ``self.early``, None when there
-        is nothing to read. The rows stay on disk until they come up, and a record is taken only where its
-        slot's epoch is unchanged."""
-        if self.disk is None:
-            return None
-        on_disk = np.flatnonzero(loc == LOC_DISK)
-        if on_disk.size == 0:
-            return None
-        l, h = lids[on_disk].astype(np.int64, copy=False), home[on_disk]
-        epochs = self.disk.epochs(h)
-        fresh = ~self.staging.current(l, h, epochs)
-        if not fresh.any():
-            return None
-        order = np.flatnonzero(fresh)[np.argsort(l[fresh], kind="stable")]
-        l, h = l[order], h[order]
-        return self.early.add(l, h, epochs[order], self.disk.submit_read(h), np.full(l.size, -1, dtype=np.int64))
 
     def _lift_from_host(self, lids: np.ndarray, loc: np.ndarray, home: np.ndarray) -> np.ndarray | None:
         """Records [n, W] of the rows ``lids`` homed on the host (``loc``/``home`` as probed; n of them), read and
@@ -565,7 +546,8 @@ class TierStore:
             self._count(Counter.HOST_READ_ROWS, d.tabs[lids[on_host]])
         on_disk = np.flatnonzero(loc == LOC_DISK)
         if on_disk.size:
-            payload, until = self._read_disk(lids[on_disk], home[on_disk])
+            payload, until, ahead = self.disk_rows.read(lids[on_disk], home[on_disk])
+            self._count(Counter.PREFETCHED, d.tabs[lids[on_disk][ahead]])
             self.fast.scatter(slots[on_disk], self.codec.decode(payload))
             self.fast.keep[slots[on_disk]] = until  # rows read ahead for a later batch of the window too
             self.fast.dirty[slots[on_disk]] = False
@@ -577,29 +559,6 @@ class TierStore:
             self.fast.dirty[slots[new]] = True
         d.come_up(lids, slots, new_loc, new_home)
         self.fast.slot_lid[slots] = lids
-
-    def _read_disk(self, lids: np.ndarray, homes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(payloads [n, words], keep-until [n]) of rows ``lids`` from their disk slots ``homes``: records read
-        ahead where still current (with the lookup their window needs them until), the rest read now (-1)."""
-        homes = homes.astype(np.int64, copy=False)
-        out = np.empty((lids.size, self.disk.width), dtype=np.float32)
-        keep = np.full(lids.size, -1, dtype=np.int64)
-        lids64, epochs = lids.astype(np.int64, copy=False), self.disk.epochs(homes)
-        found, header = self.staging.take(lids64, homes, epochs, out, keep)
-        self._count(Counter.PREFETCHED, self.index.tabs[lids[found]])
-        rest = np.flatnonzero(~found)
-        if rest.size and self.early.held_rows:  # this lookup's own reads, started before it evicted
-            part = np.empty((rest.size, out.shape[1]), dtype=out.dtype)
-            got, got_header = self.early.take(lids64[rest], homes[rest], epochs[rest], part, keep[rest])
-            out[rest[got]], header[rest[got]], found[rest[got]] = part[got], got_header[got], True
-        hit = np.flatnonzero(found)
-        if hit.size == 0:
-            return self.disk.read(homes, lids), keep
-        self.disk.check_lids(homes[hit], header[hit], lids[hit])
-        rest = np.flatnonzero(~found)
-        if rest.size:
-            out[rest] = self.disk.read(homes[rest], lids[rest])
-        return out, keep
 
     def _count(self, counter: Counter, tabs: np.ndarray) -> None:
         if tabs.size:
@@ -734,7 +693,8 @@ class TierStore:
         if self.disk is not None:
             total += self.disk.nbytes()
         total += self.admission.nbytes()
-        return total + self.staging.nbytes() + self.early.nbytes() + self.horizon.nbytes()
+        total += self.disk_rows.nbytes() if self.disk_rows is not None else 0
+        return total + self.staging.nbytes() + self.horizon.nbytes()
 
     def resident_nbytes(self) -> int:  # the tiers account for their own memory
         return self.nbytes()

@@ -385,8 +385,12 @@ def run_disk(a: argparse.Namespace) -> dict:
     """Each setup warms up, then they take turns on chunks of the same batches (fair under a changing load)."""
     disk_dir = a.disk_dir or tempfile.gettempdir()
     chunk = max(a.steps // a.rounds, 1)
-    w, batches = training_batches(a, a.warmup + chunk * a.rounds)
-    runners = [Runner(a, m.strip(), w, disk_dir, batches) for m in a.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    # the stream goes on a horizon past the last step trained: every timed step foresees a batch, as in a long run
+    # (with the stream ending there, the last ``horizon`` steps had no batch to foresee and ran without that cost)
+    past = max(_horizon(m) for m in modes)
+    w, batches = training_batches(a, a.warmup + chunk * a.rounds + past)
+    runners = [Runner(a, m, w, disk_dir, batches) for m in modes]
     for r in runners:
         r.run(a.warmup, timed=False)
     for k in range(a.rounds):

@@ -67,14 +67,21 @@ def _link(x, at, pos, step, next_at, last_pos, follow):
 @nb.njit(cache=True, nogil=True)
 def _foresee(e_lid, at, step, next_at, last_pos, follow, base, n):
     """Enter a batch's entries ``base .. base + n`` (their rows in ``e_lid``; -1: no row yet). The rows are
-    read and written at random: each is announced ``AHEAD`` entries on."""
+    read and written at random: each is announced ``AHEAD`` entries on, and the earlier entry its link writes
+    (``follow`` of its pending use) ``AHEAD / 2`` on, once its row's ``last_pos`` is near: a batch of the disk
+    benchmark (40k pairs, 128 batches foreseen) took 1.8 against 2.5 ms, 2.1 against 2.9 with the cache cold."""
     end = base + n
+    half = AHEAD // 2
     for p in range(base, end):
         if p + AHEAD < end:
             xa = e_lid[p + AHEAD]
             if xa >= 0:
                 prefetch_row(next_at, xa)
                 prefetch_row(last_pos, xa)
+        if p + half < end:  # its next_at and last_pos are on their way: the entry its link will write
+            xh = e_lid[p + half]
+            if xh >= 0 and next_at[xh] > step:
+                prefetch_row(follow, last_pos[xh])
         follow[p] = 0
         x = e_lid[p]
         if x >= 0:

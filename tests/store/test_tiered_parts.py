@@ -28,9 +28,17 @@ def test_parse_size() -> None:
             parse_size(bad)
 
 
-def test_directory_matches_a_dict_under_inserts_and_deletes() -> None:
+@pytest.mark.parametrize("tagged_lids", [None, 0, 100])
+def test_directory_matches_a_dict_under_inserts_and_deletes(tagged_lids, monkeypatch) -> None:
+    """Slots keep hash bits above the lid while lids fit (None: the default bound), bare lids beyond (0: from the
+    start; 100: tagged until the directory grows past 100 lids, then rebuilt bare)."""
+    from tierec.store import directory
+
+    if tagged_lids is not None:
+        monkeypatch.setattr(directory, "TAGGED_LIDS", tagged_lids)
     g = np.random.default_rng(0)
     d = Directory(initial_rows=8)
+    widths = {d.tag_bits}
     ref: dict[tuple[int, int], int] = {}
     for _ in range(60):
         keys = np.unique(g.integers(0, 300, size=40))
@@ -49,7 +57,9 @@ def test_directory_matches_a_dict_under_inserts_and_deletes() -> None:
                 del ref[items[i][0]]
         assert d.num_rows == len(ref)
         assert sorted(d.live().tolist()) == sorted(ref.values())
+        widths.add(d.tag_bits)
     assert d.high < 300  # freed lids are reused
+    assert widths == {None: {directory.TAG_BITS}, 0: {0}, 100: {directory.TAG_BITS, 0}}[tagged_lids]
 
 
 def test_probe_equals_find_then_the_columns() -> None:

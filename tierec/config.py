@@ -325,8 +325,8 @@ class StoreConfig:
     lookup_ahead: bool = True
     # with that lookup ahead and train.threads = 0: the step runs on one thread fewer, leaving that lookup and the
     # read-ahead stage a core. auto = with compact cold rows or a horizon (fp32 rows without one then give the numbers
-    # of the same run in memory); on = always (fp32 rows at 4x with a horizon 0.57-0.65x of in memory against
-    # 0.43-0.51x: docs/performance.md; the dense step's rounding is then that of a run on one thread fewer); off = never
+    # of the same run in memory); on = always (fp32 rows at 4x with a horizon 0.36x of in memory against 0.26x:
+    # docs/performance.md; the dense step's rounding is then that of a run on one thread fewer); off = never
     leave_core: str = "auto"
     # with a disk tier: the ids of this many upcoming batches rank eviction (tierec/store/horizon.py); 0 = off.
     # 128 on a fixed table 4x and 16x its budget: 1.1-1.6x the samples/s of none, disk reads 1.10x (int8) /

@@ -95,14 +95,20 @@ def test_coldest_homed_orders_like_a_sort_of_every_row() -> None:
     lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
     d.freq[lids] = g.integers(0, 1000, n).astype(np.float32)
     d.loc[lids] = np.where(g.random(n) < 0.5, LOC_HOST, LOC_DISK).astype(np.int8)
-    next_at = g.integers(0, 200, n).astype(np.int32)
+    up = g.choice(n, 300, replace=False)  # resident rows are homed on the host or disk too, but not away: left out
+    d.attach_cache(301)
+    d.come_up(lids[up], np.arange(1, 301), d.loc[lids[up]], d.home[lids[up]])
+    next_at = g.integers(0, 200, n - 700).astype(np.int32)  # the last 700 rows never foreseen
     uses = _Uses(next_at, 64)
+    host = np.flatnonzero(d.tier[:n] == LOC_HOST)
+    assert 0 < host.size < n // 2 - 100
     for k in (1, 100, 4000):
         got = coldest_homed(d, k, LOC_HOST, uses.uses(50))
-        host = np.flatnonzero(d.tier[:n] == LOC_HOST)
-        r = uses.ranked(d.freq[host].astype(np.float64), host, 50)
+        r = _Uses(np.concatenate([next_at, np.zeros(700, np.int32)]), 64).ranked(d.freq[host].astype(np.float64), host, 50)
         want = host[np.lexsort((host, r))][:k]
         assert np.array_equal(got, want)
+        by_counts = coldest_homed(d, k, LOC_HOST, None)
+        assert np.array_equal(by_counts, host[np.lexsort((host, d.freq[host]))][:k])
 
 
 REC = 4 * (4 + 1)  # a row of dim 4 and its row-wise Adagrad state, in bytes

@@ -195,34 +195,35 @@ def coldest_homed(d: Directory, k: int, loc: int, uses: tuple[np.ndarray, int, i
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _key(fq, r, next_at, step, until):
-    """A row's place in the order: its quantised count (0-255) unless a foreseen batch uses it, then 256 plus
-    how much sooner than the horizon's last step."""
-    if r < next_at.shape[0]:
-        t = next_at[r]
-        if step < t <= until:
-            return 256 + (until - t)
-    return np.int64(fq[r])
+def _key(q, t, step, until):
+    """A row's place in the order: its quantised count ``q`` (0-255) unless a foreseen batch uses it (its next
+    use ``t``; 0: none), then 256 plus how much sooner than the horizon's last step. Scalars in: with the arrays
+    passed in and read here a histogram pass took 3x as long."""
+    if step < t <= until:
+        return 256 + (until - t)
+    return np.int64(q)
 
 
 @nb.njit(cache=True, nogil=True)
 def _coldest_homed(tier, fq, high, loc, next_at, step, until, k, out):
     """A histogram pass over the keys, then a collecting pass (a counting sort); returns how many were
-    written to ``out``, in order, ties by lid."""
+    written to ``out``, in order, ties by lid. Whether a row is homed in ``loc`` is a select, not a branch (a
+    third of the rows are, at random): over 2.6M lids, 789k on the host (4x, int8 rows) 8 against 42 ms."""
     n_keys = 256 + max(until - step, 0)
-    hist = np.zeros(n_keys, dtype=np.int64)
+    n_next = min(next_at.shape[0], high)  # rows past it have no foreseen use
+    hist = np.zeros(n_keys + 1, dtype=np.int64)  # the last: rows homed elsewhere (a select, not a branch)
     for r in range(high):
-        if tier[r] == loc:
-            hist[_key(fq, r, next_at, step, until)] += 1
-    take, start = np.zeros(n_keys, dtype=np.int64), np.zeros(n_keys, dtype=np.int64)
-    n = bucket_quota(hist, k, False, take, start)
+        b = _key(fq[r], next_at[r] if r < n_next else 0, step, until)
+        hist[b if tier[r] == loc else n_keys] += 1
+    take, start = np.zeros(n_keys + 1, dtype=np.int64), np.zeros(n_keys + 1, dtype=np.int64)
+    n = bucket_quota(hist[:n_keys], k, False, take[:n_keys], start[:n_keys])
     if n == 0:
         return 0
-    for r in range(high):
-        if tier[r] == loc:
-            b = _key(fq, r, next_at, step, until)
-            if take[b] > 0:
-                out[start[b]] = r
-                start[b] += 1
-                take[b] -= 1
+    for r in range(high):  # rows homed elsewhere in the last bucket, which gives none: one branch, rarely taken
+        b = _key(fq[r], next_at[r] if r < n_next else 0, step, until)
+        b = b if tier[r] == loc else n_keys
+        if take[b] > 0:
+            out[start[b]] = r
+            start[b] += 1
+            take[b] -= 1
     return n

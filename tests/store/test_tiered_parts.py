@@ -86,6 +86,39 @@ def test_probe_equals_find_then_the_columns() -> None:
     assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
 
 
+def test_column_kernels_equal_the_split_path() -> None:
+    """Reading counts and writing home tiers and slots of listed lids (kernels) leave the directory as numpy's path
+    through the split does (a Python list of lids takes that path), resident and away rows mixed."""
+    from tierec.store.directory import LOC_DISK, LOC_HOST
+
+    def made() -> Directory:
+        rng = np.random.default_rng(3)
+        d = Directory(n_tables=2, cache_slots=201)
+        lids = d.insert(np.arange(1000, dtype=np.int64), np.zeros(1000, dtype=np.int32))
+        d.loc[lids] = rng.choice([LOC_HOST, LOC_DISK], 1000).astype(np.int8)
+        d.home[lids] = rng.permutation(1000)
+        d.freq[lids] = rng.integers(0, 500, 1000).astype(np.float32)
+        up = rng.choice(1000, 200, replace=False)
+        d.come_up(lids[up], np.arange(1, 201), d.loc[lids[up]], d.home[lids[up]])
+        d.c_freq[1:201] += 0.5  # resident counts are exact, away ones quantised
+        return d
+
+    fast, plain = made(), made()
+    rng = np.random.default_rng(4)
+    pick = rng.choice(1000, 300, replace=False)
+    assert np.array_equal(fast.freq[pick], plain.freq[pick.tolist()])
+    loc = rng.choice([LOC_HOST, LOC_DISK], 300).astype(np.int8)
+    home = rng.integers(0, 5000, 300)
+    fast.loc[pick], plain.loc[pick.tolist()] = loc, loc
+    fast.home[pick], plain.home[pick.tolist()] = home, home
+    fast.loc[pick[:10]], plain.loc[pick[:10].tolist()] = LOC_HOST, LOC_HOST  # a scalar broadcast
+    for name in ("tier", "pos", "c_loc", "c_home"):
+        assert np.array_equal(getattr(fast, name), getattr(plain, name)), name
+    assert fast.loc[pick].tolist() == [LOC_HOST] * 10 + loc[10:].tolist()
+    with pytest.raises(OverflowError):
+        fast.home[pick[:1]] = 1 << 31
+
+
 def test_probe_split_over_threads_equals_the_serial_probe() -> None:
     """A probe of many pairs (a read-ahead window's) runs in spans on the caller's numba threads: the same columns."""
     import numba

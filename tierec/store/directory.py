@@ -172,6 +172,25 @@ def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
 
 
 @nb.njit(cache=True, nogil=True)
+def _freq_of(lids, tier, pos, fq, c_freq, dq, out):
+    """The access count of each lid: its slot's exact one while resident, else its quantised one."""
+    for i in range(lids.shape[0]):
+        r = lids[i]
+        out[i] = c_freq[pos[r]] if tier[r] & _RESIDENT else dq[fq[r]]
+
+
+@nb.njit(cache=True, nogil=True)
+def _put_split(lids, values, tier, pos, away, by_slot):
+    """``by_slot[slot] = v`` of the resident lids, ``away[lid] = v`` of the others (a home tier or slot)."""
+    for i in range(lids.shape[0]):
+        r = lids[i]
+        if tier[r] & _RESIDENT:
+            by_slot[pos[r]] = values[i]
+        else:
+            away[r] = values[i]
+
+
+@nb.njit(cache=True, nogil=True)
 def _come_up(lids, slots, loc, home, tier, pos, q_freq, lst, track_last, c_loc, c_home, c_freq, c_last, dq):
     """Rows away from the fast tier take fast-tier ``slots``: their home (now ``loc``/``home``), count and last
     step move to the slot arrays (``dq``: the dequantised count of each quantised one)."""
@@ -303,6 +322,13 @@ def hash_pairs(keys, tabs, out):
         out[i] = np.int64(key_hash(np.int32(tabs[i]), keys[i]) >> np.uint64(1))
 
 
+def _listed(idx, n: int) -> bool:
+    """Whether an index into a column is an array of lids in ``0 .. n - 1`` (1-d, integer): the columns'
+    kernels take those (a slice, a mask or a negative lid takes numpy's path)."""
+    return (isinstance(idx, np.ndarray) and idx.ndim == 1 and idx.dtype.kind in "iu"
+            and (idx.size == 0 or (int(idx.min()) >= 0 and int(idx.max()) < n)))
+
+
 class _Column:
     """A per-lid column read and written through the directory's split (see the module docstring)."""
 
@@ -379,6 +405,11 @@ class Directory:
         return out
 
     def _put_loc(self, idx, value) -> None:
+        if _listed(idx, self.capacity):  # the fast path of the lines below
+            lids = np.asarray(idx, dtype=np.int64)
+            _put_split(lids, np.broadcast_to(np.asarray(value, dtype=np.int8), lids.shape), self.tier, self.pos,
+                       self.tier, self.c_loc)
+            return
         lids, res, pos = self._split(idx)
         v = np.broadcast_to(np.asarray(value, dtype=np.int8), lids.shape)
         self.c_loc[pos[res]] = v[res]
@@ -392,10 +423,13 @@ class Directory:
         return out
 
     def _put_home(self, idx, value) -> None:
-        lids, res, pos = self._split(idx)
+        lids, res, pos = (np.asarray(idx, dtype=np.int64), None, None) if _listed(idx, self.capacity) else self._split(idx)
         v = np.broadcast_to(np.asarray(value, dtype=np.int64), lids.shape)
         if v.size and v.max(initial=0) >= 1 << 31:
             raise OverflowError("a tier of one table group holds at most 2**31 rows; split the tables into more groups")
+        if res is None:  # the fast path of the lines below
+            _put_split(lids, v, self.tier, self.pos, self.pos, self.c_home)
+            return
         self.c_home[pos[res]] = v[res]
         self.pos[lids[~res]] = v[~res]
 
@@ -432,6 +466,11 @@ class Directory:
             self.tier[ul] = self.tier[ul] | np.int8(_RESIDENT)
 
     def _get_freq(self, idx) -> np.ndarray:
+        if _listed(idx, self.capacity):  # the fast path of the lines below
+            lids = np.asarray(idx, dtype=np.int64).reshape(-1)
+            out = np.empty(lids.shape[0], dtype=np.float32)
+            _freq_of(lids, self.tier, self.pos, self.fq, self.c_freq, self._dq, out)
+            return out
         lids, res, pos = self._split(idx)
         out = dequantise(self.fq[lids])
         out[res] = self.c_freq[pos[res]]

@@ -19,7 +19,8 @@ keeps 4 more bits of its pair's hash above the lid, and a probe reads the key
 of only the slots whose bits match its own: near 80 % full a probe passes
 about two other pairs' slots (1.9 in the disk benchmark's 2.6M-row
 directory), each a cache miss in the per-lid keys without the bits (a
-probe of a batch's 40k pairs there: 6.5 against 5.3 ms, cache cold). Rows can be deleted: the map uses
+probe of a batch's 40k pairs there: 6.5 against 5.3 ms, cache cold).
+Rows can be deleted: the map uses
 backward-shift deletion (no tombstones) and freed lids are reused. Per-lid
 arrays grow without touching their spare capacity (arena.GrowableArray).
 
@@ -138,13 +139,13 @@ def _probe(keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_
     home slot through the split (as ``_where``). A probe costs two cache misses (the slot, then its row's key):
     the slot of pair ``i + 2A`` and the key (and tier byte and position) of ``i + A``'s slot are asked for
     ahead, so a batch's misses overlap instead of queueing."""
-    _probe_span(0, keys.shape[0], keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids,
-                cslot, loc, home)
+    _probe_span(0, keys.shape[0], keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns,
+                lids, cslot, loc, home)
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
-def _probe_parts(bounds, keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot, loc,
-                 home):
+def _probe_parts(bounds, keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_home, columns, lids, cslot,
+                 loc, home):
     """``_probe`` of each span ``bounds[p] .. bounds[p + 1] - 1`` on its own thread (the caller's numba threads)."""
     for p in nb.prange(bounds.shape[0] - 1):
         _probe_span(bounds[p], bounds[p + 1], keys, tabs, slots, tag_bits, lid_keys, lid_tabs, tier, pos, c_loc, c_home,
@@ -423,7 +424,8 @@ class Directory:
         return out
 
     def _put_home(self, idx, value) -> None:
-        lids, res, pos = (np.asarray(idx, dtype=np.int64), None, None) if _listed(idx, self.capacity) else self._split(idx)
+        listed = _listed(idx, self.capacity)
+        lids, res, pos = (np.asarray(idx, dtype=np.int64), None, None) if listed else self._split(idx)
         v = np.broadcast_to(np.asarray(value, dtype=np.int64), lids.shape)
         if v.size and v.max(initial=0) >= 1 << 31:
             raise OverflowError("a tier of one table group holds at most 2**31 rows; split the tables into more groups")
@@ -511,8 +513,8 @@ class Directory:
     def find(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """lid [N] int64 of each pair, -1 when unknown."""
         out, none = np.empty(keys.shape[0], dtype=np.int64), np.empty(0, dtype=np.int64)
-        _probe(keys, tabs, self.slots, self.tag_bits, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, False, out,
-               none, none.astype(np.int8), none)
+        _probe(keys, tabs, self.slots, self.tag_bits, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home,
+               False, out, none, none.astype(np.int8), none)
         return out
 
     def probe(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -522,8 +524,8 @@ class Directory:
         n = keys.shape[0]
         lids, cs = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         loc, home = np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int64)
-        args = (keys, tabs, self.slots, self.tag_bits, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home, True, lids, cs,
-                loc, home)
+        args = (keys, tabs, self.slots, self.tag_bits, self.keys, self.tabs, self.tier, self.pos, self.c_loc, self.c_home,
+                True, lids, cs, loc, home)
         parts = min(nb.get_num_threads(), n // PROBE_SPAN)
         if parts > 1:  # a read-ahead window's pairs: spans on the calling thread's numba threads (lookups only read)
             _probe_parts(np.linspace(0, n, parts + 1).astype(np.int64), *args)

@@ -388,7 +388,7 @@ def run_disk(a: argparse.Namespace) -> dict:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     # the stream goes on a horizon past the last step trained: every timed step foresees a batch, as in a long run
     # (with the stream ending there, the last ``horizon`` steps had no batch to foresee and ran without that cost)
-    past = max(_horizon(m) for m in modes)
+    past = max((_horizon(m) for m in modes), default=0)
     w, batches = training_batches(a, a.warmup + chunk * a.rounds + past)
     runners = [Runner(a, m, w, disk_dir, batches) for m in modes]
     for r in runners:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ def _modules_with_examples() -> list[str]:
             parts = path.relative_to(ROOT).with_suffix("").parts
             out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return out
+
+
+@pytest.fixture(autouse=True)
+def _temp_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The examples' ``tempfile.mkdtemp()`` directories go under pytest's own (pruned) temp directory, not /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 @pytest.mark.parametrize("name", LISTED)

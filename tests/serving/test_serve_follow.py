@@ -148,7 +148,9 @@ def test_serve_follow_over_http(tmp_path: Path) -> None:
         at6 = follower.poll(follower.start(Scorer.load(ex4))).score(records)  # type: ignore[union-attr]
     shutil.move(run / "checkpoints" / held[0].name, held[0])
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    scratch = tmp_path / "scratch"  # the server's temp directory: its follower's workspace goes there
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch)}
     cmd = [sys.executable, "-m", "tierec", "serve", str(ex4), "--port", str(port), "--follow", str(run), "--poll", "0.2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -191,3 +193,6 @@ def test_serve_follow_over_http(tmp_path: Path) -> None:
             out, _ = proc.communicate()
     assert "applied delta_00000006_of_00000004" in out and "applied delta_00000008_of_00000004" in out, out
     assert "Traceback" not in out, out
+    # SIGTERM: a graceful stop that takes the follower's copies of full checkpoints with it
+    assert proc.returncode == 143 and "serve stopped by SIGTERM" in out, (proc.returncode, out)
+    assert list(scratch.iterdir()) == []

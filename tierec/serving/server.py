@@ -34,15 +34,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tierec.config import ConfigError
 from tierec.serving.follow import RunFollower
 from tierec.serving.inputs import BadRowsError
 from tierec.serving.scorer import Scorer
+from tierec.train.stopping import Interrupted
 from tierec.version import tierec_version
 
 MAX_BODY_BYTES = 64 << 20  # a request body larger than this is refused (413)
@@ -179,7 +181,26 @@ def serve(path: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, fo
         following = f"; following {follow}, every {poll_s:g} s" if follow is not None else ""
         print(f"serving {path} on http://{host}:{bound} (POST /score, GET /health, GET /version){following}", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning", access_log=False))
+        stack.enter_context(signals_unwind())
         server.run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def signals_unwind() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread while inside, so what the server holds
+    is released on the way out. uvicorn shuts down gracefully on them and then raises the signal again with the
+    handler it found; left at the default, that ended the process there, and a follower's workspace (copies of
+    full checkpoints) stayed in the temp directory. A signal the process was started ignoring stays ignored."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Interrupted(signum, f"serve stopped by {signal.Signals(signum).name}")
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def bind(host: str, port: int) -> socket.socket:

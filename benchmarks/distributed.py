@@ -166,8 +166,8 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
     cfg = load_config(None, _overrides(a) + variant.get("set", []))
     source = open_source(cfg.data, "train", cfg.train.batch_size)
     batches = list(islice(iter(source), a["warmup"] + a["steps"] + 1))
-    run = tempfile.mkdtemp()
-    trainer = Trainer(cfg, run, ctx=ctx)
+    run = tempfile.TemporaryDirectory(prefix="tierec-bench-run-")  # removed when the worker ends
+    trainer = Trainer(cfg, run.name, ctx=ctx)
     parts = trainer._build(source)
     colls = sharded_collections(parts)
     pipe = TrainPipeline(parts, trainer.job, cfg)
@@ -184,6 +184,7 @@ def tierec_worker(ctx, a: dict, variant: dict, out_path: str) -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     pipe.close()
+    run.cleanup()
     steps = a["steps"]
     kinds: dict[str, float] = {}
     exposed = 0.0
@@ -307,10 +308,11 @@ def run_job(worker, world: int, a: dict, variant: dict) -> dict[str, Any]:
     from tierec.config import DistConfig
     from tierec.distributed.launch import spawn
 
-    out = Path(tempfile.mkdtemp()) / "result.json"
     t0 = time.perf_counter()
-    spawn(worker, world, (a, variant, str(out)), cfg=DistConfig(timeout_s=600), timeout_s=3600)
-    records = json.loads(out.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        spawn(worker, world, (a, variant, str(out)), cfg=DistConfig(timeout_s=600), timeout_s=3600)
+        records = json.loads(out.read_text())
     steps = [statistics.median(r["step_s"]) for r in records]
     return {
         "name": variant["name"],

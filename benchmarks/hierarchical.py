@@ -204,9 +204,10 @@ def run_spawned(a: dict, variant: dict) -> dict[str, Any]:
     from tierec.config import DistConfig
     from tierec.distributed.launch import spawn
 
-    out = Path(tempfile.mkdtemp()) / "r.json"
-    spawn(spawn_worker, 4, (a, variant, str(out)), cfg=DistConfig(timeout_s=600), timeout_s=1800)
-    return summarise(variant["name"], json.loads(out.read_text()))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        spawn(spawn_worker, 4, (a, variant, str(out)), cfg=DistConfig(timeout_s=600), timeout_s=1800)
+        return summarise(variant["name"], json.loads(out.read_text()))
 
 
 def torchrun_main(argv: list[str]) -> int:
@@ -224,13 +225,14 @@ def torchrun_main(argv: list[str]) -> int:
 def run_two_nodes(a: dict, variant: dict, link: str) -> dict[str, Any]:
     from benchmarks.netns import run_two_nodes as two_nodes
 
-    out = Path(tempfile.mkdtemp()) / "r.json"
-    args = ["--rank-of", json.dumps(a), json.dumps(variant), str(out)]
-    done = two_nodes(link, 2, args, env={"NETNS_MODULE": "benchmarks.hierarchical",
-                                         "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout_s=1800)
-    if done.returncode:
-        raise RuntimeError(f"{variant['name']} over {link} failed:\n{done.stderr[-2000:]}")
-    return summarise(variant["name"], json.loads(out.read_text()))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        args = ["--rank-of", json.dumps(a), json.dumps(variant), str(out)]
+        done = two_nodes(link, 2, args, env={"NETNS_MODULE": "benchmarks.hierarchical",
+                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout_s=1800)
+        if done.returncode:
+            raise RuntimeError(f"{variant['name']} over {link} failed:\n{done.stderr[-2000:]}")
+        return summarise(variant["name"], json.loads(out.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:

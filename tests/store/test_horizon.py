@@ -103,6 +103,32 @@ def _disk_reads(tmp_path, horizon: int, batches: list[np.ndarray], cold: str) ->
     return reads
 
 
+def test_the_fast_tier_s_copies_of_next_uses_inside_the_horizon_are_the_rows_next_uses(tmp_path) -> None:
+    """What eviction reads instead of the horizon's array (FastTier.next_use): after every lookup, a slot's copy
+    inside the horizon is its row's next use; the pipeline stopping (release_staged) forgets every copy."""
+    batches = _zipf_batches(1, 80)
+    spec = TierSpec(cache_bytes=500 * REC, host_bytes=400 * REC, disk_dir=str(tmp_path / "d"), horizon=12, interval=25)
+    g = TieredGroup([TableConfig(name="t", dim=DIM, features=["f"])], spec, seed=0)
+    zeros = [np.zeros(b.size, dtype=np.int32) for b in batches]
+    for b, z in zip(batches[:12], zeros):
+        g.foresee(b, z)
+    inside_seen = 0
+    for i, (b, z) in enumerate(zip(batches, zeros)):
+        if i + 12 < len(batches):
+            g.foresee(batches[i + 12], zeros[i + 12])
+        g.lookup(b, z, insert=True)
+        step = g.train_steps
+        hint, lids = g.fast.next_use, g.fast.slot_lid
+        inside = np.flatnonzero((hint > step) & (hint <= step + 12))
+        assert (lids[inside] >= 0).all() and (hint[lids < 0] == 0).all()
+        assert g.horizon.next_at[lids[inside]].tolist() == hint[inside].tolist(), i
+        inside_seen += inside.size
+    assert inside_seen > 1000
+    g.release_staged()
+    assert not g.fast.next_use.any()
+    g.close()
+
+
 @pytest.mark.parametrize("cold", ["fp32", "int8"])
 def test_a_horizon_reads_fewer_rows_from_disk(tmp_path, cold: str) -> None:
     batches = _zipf_batches(0, 120)

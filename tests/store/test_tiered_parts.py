@@ -174,9 +174,11 @@ def test_extreme_away_matches_a_sort(loc, hottest) -> None:
 @pytest.mark.parametrize("soft", [False, True])
 @pytest.mark.parametrize("k", [1, 700, 9_000, 30_000])
 @pytest.mark.parametrize("foreseen", [0.0, 0.5, 0.97])
-def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_choose(ties, soft, k, foreseen) -> None:
+@pytest.mark.parametrize("hinted", [False, True])
+def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_choose(ties, soft, k, foreseen, hinted) -> None:
     """Against a plain reference: every evictable slot's score (raised by its next use inside a horizon for a
-    share ``foreseen`` of the rows), then the k lowest."""
+    share ``foreseen`` of the rows), then the k lowest. ``hinted``: the fast tier's copies of the next uses as
+    a store keeps them (the use itself where it is inside the horizon, else stale or none)."""
     rng = np.random.default_rng(k)
     c = 100_001  # a fast tier of 100,000 slots and the zero slot: the sampled path
     slot_lid = np.where(rng.random(c) < 0.9, rng.integers(0, 10**6, c), -1).astype(np.int32)
@@ -189,10 +191,15 @@ def test_coldest_evictable_chooses_the_lowest_scores_that_evictable_and_lowest_c
     t = next_at[np.maximum(slot_lid, 0)]
     ranked = np.where((slot_lid >= 0) & (t > step) & (t <= until), BEFORE_ALL - t, score.astype(np.float64))
     uses = (next_at, step, until) if foreseen else None
+    hint = None
+    if hinted:  # a copy for 70% of the rows used inside the horizon; others none, or of a use already past
+        inside = (slot_lid >= 0) & (t > step) & (t <= until)
+        hint = np.where(inside & (rng.random(c) < 0.7), t, np.where(rng.random(c) < 0.5, rng.integers(0, step + 1, c), 0))
+        hint = np.where(slot_lid >= 0, hint, 0).astype(np.int32)
     for clock in (11, 100):  # (100: nothing pinned nor kept)
         ref_slots, ref_scores = evictable(slot_lid, pin, clock, ranked, keep, soft=soft)
         want = np.sort(ref_scores[lowest(ref_scores, k)])
-        got, movable = coldest_evictable(slot_lid, pin, clock, score, keep, k, soft=soft, uses=uses)
+        got, movable = coldest_evictable(slot_lid, pin, clock, score, keep, k, soft=soft, uses=uses, hint=hint)
         assert movable == ref_slots.size if ref_slots.size < k else k <= movable <= ref_slots.size
         assert np.unique(got).size == got.size == k and np.isin(got, ref_slots).all()
         assert np.sort(ranked[got]).tolist() == want.tolist()

@@ -25,6 +25,7 @@ may leave (``evictable``); which of them leave, and where to, is the group's
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 import torch
 
@@ -52,6 +53,9 @@ class FastTier:
         self.pin = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] lookup that pinned it
         self.keep = np.zeros(capacity + 1, dtype=np.int64)  # [C+1] a later lookup of the read-ahead window needs it
         self.dirty = np.zeros(capacity + 1, dtype=bool)  # [C+1] changed since it came up
+        # [C+1] the training step that next uses the row, copied from the store's horizon when a lookup last used it
+        # (0: none, or not copied); eviction reads it instead of the horizon's per-row array (hotness.hinted_score)
+        self.next_use = np.zeros(capacity + 1, dtype=np.int32)
         self.free_slots = np.arange(capacity, 0, -1, dtype=np.int32)  # stack, slot 1 on top
         self.n_free = capacity
 
@@ -76,7 +80,16 @@ class FastTier:
         self.dirty[slots] = False
         self.pin[slots] = 0
         self.keep[slots] = 0
+        self.next_use[slots] = 0
         self.push_free(slots)
+
+    def note_uses(self, slots: np.ndarray, lids: np.ndarray, next_at: np.ndarray) -> None:
+        """Copy the next uses (``next_at`` [lids], the horizon's) of the rows ``lids`` just looked up in ``slots``."""
+        _copy_uses(self.next_use, slots, lids, next_at)
+
+    def forget_uses(self) -> None:
+        """The horizon forgot its batches: no copy holds."""
+        self.next_use[:] = 0
 
     def restack(self, saved: np.ndarray) -> None:
         """The free-slot stack as ``saved`` (a checkpoint's order), below it the other free slots."""
@@ -103,7 +116,7 @@ class FastTier:
         which rank rows above their score (Horizon.uses)."""
         keep = self.in_flight if in_flight is None else in_flight
         return hotness.coldest_evictable(self.slot_lid, self.pin, clock, score, self.keep, k, soft=soft, in_flight=keep,
-                                         uses=uses)
+                                         uses=uses, hint=self.next_use)
 
     def occupied(self) -> np.ndarray:  # lids of the rows in the fast tier
         return self.slot_lid[self.slot_lid >= 0]
@@ -150,4 +163,14 @@ class FastTier:
 
     def nbytes(self) -> int:
         total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
-        return total + self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self.free_slots.nbytes
+        return (total + self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self.free_slots.nbytes
+                + self.next_use.nbytes)
+
+
+@nb.njit(cache=True, nogil=True)
+def _copy_uses(out, slots, lids, next_at):
+    """``out[slots[i]] = next_at[lids[i]]`` (0 for a row past the end of ``next_at``)."""
+    n = next_at.shape[0]
+    for i in range(slots.shape[0]):
+        x = lids[i]
+        out[slots[i]] = next_at[x] if 0 <= x < n else 0

@@ -259,6 +259,8 @@ class TierStore:
         if insert:  # counted once resident: the exact counts of the fast tier (the batch's rows are pinned)
             d.count_use(rows[pos], self.train_steps)
             self.fast.dirty[rows[pos]] = True  # the backward updates them
+            if self.horizon.active:  # their next uses, for eviction to read beside the slots
+                self.fast.note_uses(rows[pos], lids[pos], self.horizon.next_at)
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
         self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
@@ -371,6 +373,7 @@ class TierStore:
             if token is None:
                 self.staging.clear()
                 self.horizon.clear()
+                self.fast.forget_uses()
             else:
                 self.staging.release(token)
 

@@ -16,7 +16,8 @@ batch after it inside the horizon that uses the row again (``follow``; linked
 when that batch is foreseen). A row's next use is set when it is foreseen
 with no earlier use pending, and moves on along its links as the training
 lookups consume the batches. 8 bytes per row of the store and 16 per id of
-the foreseen batches (the pipeline holds the batches themselves too).
+the foreseen batches (the pipeline holds the batches themselves too); the
+fast tier keeps a copy of its rows' next uses for eviction (4 bytes a slot).
 
 Deterministic whatever the threads' timing, and across a resume: a lookup
 at training step ``s`` ranks by the uses in steps ``s + 1 .. s + K`` only,

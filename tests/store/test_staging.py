@@ -249,3 +249,17 @@ def test_a_windows_bookkeeping_is_what_the_budget_counts_per_row() -> None:
           np.full(n, -1, dtype=np.int64))
     assert s.nbytes() == rec.nbytes + n * ROW_BOOKKEEPING
     assert s.room(rec.nbytes + n * ROW_BOOKKEEPING + 10 * (32 + ROW_BOOKKEEPING), 32, 50) == 10  # 10 more rows fit
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 17, 1000, 40_001])
+def test_lower_bounds_are_numpy_s_searchsorted(m: int) -> None:
+    """The batched search (every lane count, duplicates, queries below, between, on and above the values)."""
+    from tierec.store.sorted_search import lower_bounds
+
+    rng = np.random.default_rng(m)
+    a = np.sort(rng.integers(0, 3 * m + 5, m)).astype(np.int32)  # duplicates where m is large
+    for n in (0, 1, 15, 16, 17, 5000):
+        q = rng.integers(-2, 3 * m + 8, n)
+        out = np.full(n, -7, dtype=np.int64)
+        lower_bounds(a, q, out)
+        assert out.tolist() == np.searchsorted(a, q).tolist()

@@ -26,12 +26,14 @@ NS=("tierec-$TAG-0" "tierec-$TAG-1")
 DEV=("trv0-$TAG" "trv1-$TAG")
 ADDR=(10.231.0.1 10.231.0.2)
 PIDS=()
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/tierec-netns-XXXXXX")  # the agents' temp files (torchelastic_* logs); removed at exit
 
 cleanup() {
     local pid ns
     for pid in "${PIDS[@]}"; do kill -TERM -- "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     for ns in "${NS[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+    rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -52,7 +54,7 @@ for i in 0 1; do
 done
 
 for i in 0 1; do
-    ip netns exec "${NS[$i]}" env GLOO_SOCKET_IFNAME="${DEV[$i]}" TP_SOCKET_IFNAME="${DEV[$i]}" \
+    ip netns exec "${NS[$i]}" env GLOO_SOCKET_IFNAME="${DEV[$i]}" TP_SOCKET_IFNAME="${DEV[$i]}" TMPDIR="$SCRATCH" \
         "$PYTHON" -m torch.distributed.run --nnodes 2 --node_rank "$i" --nproc_per_node "$NPROC" \
         --master_addr "${ADDR[0]}" --master_port "$PORT" -m "${NETNS_MODULE:-tierec}" "$@" &
     PIDS+=($!)

@@ -263,3 +263,17 @@ def test_lower_bounds_are_numpy_s_searchsorted(m: int) -> None:
         out = np.full(n, -7, dtype=np.int64)
         lower_bounds(a, q, out)
         assert out.tolist() == np.searchsorted(a, q).tolist()
+
+
+def test_same_ids_is_equality_of_keys_and_tables() -> None:
+    from tierec.store.staging import same_ids
+
+    rng = np.random.default_rng(3)
+    keys, tabs = rng.integers(0, 1 << 40, 1000), rng.integers(0, 26, 1000).astype(np.int32)
+    assert same_ids(keys, tabs, keys.copy(), tabs.copy())
+    for at in (0, 500, 999):
+        k2, t2 = keys.copy(), tabs.copy()
+        k2[at] += 1
+        assert not same_ids(keys, tabs, k2, tabs)
+        t2[at] += 1
+        assert not same_ids(keys, tabs, keys, t2)

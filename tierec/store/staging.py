@@ -216,7 +216,7 @@ class Staging:
             if w.ids is None:
                 continue
             for b in w.ids.batches:
-                if b.taken or b.keys.shape != keys.shape or not (np.array_equal(b.keys, keys) and np.array_equal(b.tabs, tabs)):
+                if b.taken or b.keys.shape != keys.shape or not same_ids(b.keys, b.tabs, keys, tabs):
                     continue
                 b.taken = True
                 self.stats.resolved_batches += 1
@@ -268,6 +268,16 @@ def _member(sorted_lids: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.n
     lower_bounds(sorted_lids, lids, pos)
     pos = np.minimum(pos, sorted_lids.size - 1)
     return sorted_lids[pos] == lids, pos
+
+
+@nb.njit(cache=True, nogil=True)
+def same_ids(a_keys, a_tabs, b_keys, b_tabs):
+    """Whether two batches' ids (same length) are the same, stopping at the first difference (the batches
+    compared before the one that matches differ early; ``np.array_equal`` compares every id)."""
+    for i in range(a_keys.shape[0]):
+        if a_keys[i] != b_keys[i] or a_tabs[i] != b_tabs[i]:
+            return False
+    return True
 
 
 @nb.njit(cache=True, nogil=True)

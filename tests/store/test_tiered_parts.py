@@ -243,7 +243,9 @@ def test_disk_tier_reads_records_across_spans_longer_than_one_read_call(tmp_path
     slots = d.append(np.arange(n), recs)
     g = np.random.default_rng(5)
     every_other = g.permutation(np.arange(0, n, 2))  # runs of one record: one starts near every call's end
-    for want in (every_other, g.choice(n, 20_000, replace=False), np.arange(n - 40_000, n), g.integers(0, n, 3000)):
+    # in any order, sorted (read in place), consecutive, with duplicates
+    for want in (every_other, g.choice(n, 20_000, replace=False), np.sort(g.choice(n, 20_000, replace=False)),
+                 np.arange(n - 40_000, n), g.integers(0, n, 3000)):
         assert np.array_equal(d.read(slots[want]), recs[want])
         pending = d.submit_read(slots[want])
         ahead = pending.result()  # [m, 1 + W]: the lid header, then the payload

@@ -379,10 +379,13 @@ class DiskTier:
         if n == 0:
             return out
         self._check_size()
-        order = np.argsort(slots, kind="stable")
-        srt = slots[order]
-        uniq, first = np.unique(srt, return_index=True)
-        buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
+        in_order = bool(np.all(slots[1:] > slots[:-1]))  # sorted, each once (compaction's): read into out itself
+        if in_order:
+            uniq, buf = slots, out
+        else:
+            order = np.argsort(slots, kind="stable")
+            uniq, first = np.unique(slots[order], return_index=True)
+            buf = np.empty((uniq.shape[0], self.rec_floats), dtype=np.float32)
         run_slot, run_len, run_dst = runs(uniq)
         chunks = self._split(run_len)
         status = self._map(lambda c: self._read_runs(run_slot[c], run_len[c], run_dst[c], buf), chunks)
@@ -396,8 +399,9 @@ class DiskTier:
             self._check_size()
             raise DiskTierError(self.path, f"a read of {buf.nbytes:,} bytes ({uniq.shape[0]:,} records) came back short")
         self.bytes_read += buf.nbytes
-        dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
-        out[order] = buf[dup]
+        if not in_order:
+            dup = np.repeat(np.arange(uniq.shape[0]), np.diff(np.append(first, n)))  # sorted pos -> unique row
+            out[order] = buf[dup]
         return out
 
     def submit_read(self, slots: np.ndarray) -> PendingRead:

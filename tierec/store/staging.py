@@ -285,15 +285,22 @@ def _locate(w_lids, w_slots, w_epochs, lids, slots, epochs, found, pos):
     """``pos[i]``: where row ``lids[i]`` (not ``found`` yet) is in a window (sorted ``w_lids``) whose copy of
     it is still current (same slot and epoch), else -1; returns how many are."""
     m = w_lids.shape[0]
-    at = np.empty(lids.shape[0], dtype=np.int64)
-    lower_bounds(w_lids, lids, at)  # batched: 5.7x one search per row
-    hits = 0
+    todo = np.empty(lids.shape[0], dtype=np.int64)  # the rows not found yet: only they are searched
+    u = 0
     for i in range(lids.shape[0]):
         pos[i] = -1
-        if found[i]:
-            continue
-        lo = at[i]
-        if lo < m and w_lids[lo] == lids[i] and w_slots[lo] == slots[i] and w_epochs[lo] == epochs[i]:
+        if not found[i]:
+            todo[u] = i
+            u += 1
+    q = np.empty(u, dtype=np.int64)
+    for j in range(u):
+        q[j] = lids[todo[j]]
+    at = np.empty(u, dtype=np.int64)
+    lower_bounds(w_lids, q, at)  # batched: 5.7x one search per row
+    hits = 0
+    for j in range(u):
+        i, lo = todo[j], at[j]
+        if lo < m and w_lids[lo] == q[j] and w_slots[lo] == slots[i] and w_epochs[lo] == epochs[i]:
             pos[i] = lo
             hits += 1
     return hits

@@ -158,14 +158,18 @@ def test_the_budget_makes_room_for_the_windows() -> None:
     assert partial.stage_bytes == 8 << 20
 
 
-@pytest.mark.parametrize("budget, shorter", [("320KiB", True), ("16MiB", False)])
-def test_windows_shorten_where_they_do_not_fit_and_change_no_number(tmp_path, budget: str, shorter: bool) -> None:
+@pytest.mark.parametrize("budget, shorter, rows", [
+    ("320KiB", True, []), ("16MiB", False, []),
+    # int8 rows with a horizon: the stage on a thread of its own, a batch ahead of the step (where there are 2 cores)
+    ("320KiB", True, ["store.cold_precision=int8", "store.horizon=4"]),
+])
+def test_windows_shorten_where_they_do_not_fit_and_change_no_number(tmp_path, budget: str, shorter: bool, rows: list[str]) -> None:
     from tierec.config import load_config
     from tierec.train.trainer import Trainer
 
     base = ["data.synthetic.train_rows=12288", "data.synthetic.test_rows=2048", "train.batch_size=1024", "train.progress=false",
             "train.plots=false", "train.epochs=3", "embedding.dim=8", "store.enabled=true", f"store.memory_budget={budget}",
-            "store.cache_size=192KiB"]
+            "store.cache_size=192KiB", *rows]
     out = {}
     for name, extra in (("off", ["store.prefetch=false"]), ("on", ["store.prefetch=true", "store.prefetch_depth=4"])):
         cfg = load_config(None, base + extra + [f"store.disk_path={tmp_path / name / 'disk'}"])
@@ -174,6 +178,7 @@ def test_windows_shorten_where_they_do_not_fit_and_change_no_number(tmp_path, bu
     assert a["test_auc"] == b["test_auc"] and a["final_train_loss"] == b["final_train_loss"]
     pipe = b["store"]["pipeline"]
     assert (pipe["smallest_window"] < 4) is shorter  # a small budget: windows of fewer batches
+    assert (pipe["released_early"] > 0) is shorter  # and each goes once its batches were looked up from it
     assert b["store"]["disk_read_rows"] > 0 or not shorter
 
 

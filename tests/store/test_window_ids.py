@@ -76,6 +76,36 @@ def test_a_resolved_batch_is_the_batch_dedupe_and_its_probe(tmp_path) -> None:
     g.close()
 
 
+def test_a_window_goes_early_only_once_each_of_its_batches_was_looked_up_from_it(tmp_path) -> None:
+    """release_looked_up drops a window once every batch of it was resolved and its lookup done (not at the
+    resolve: the lookup still reads the window's records); a window without batches never; a later release of
+    the token does nothing."""
+    g = _group(tmp_path, "g")
+    rng = np.random.default_rng(3)
+    for _ in range(6):  # rows on disk
+        _train(g, *_batch(rng, 64, 400), resolve=False)
+    window = [_batch(rng, 64, 400) for _ in range(2)]
+    token = _stage(g, window)
+    reads_only = g.stage(*_stage_args(window))  # the same rows, no batches: nothing for it to know
+    assert token is not None and g.staging.held_rows > 0
+    assert not g.release_looked_up(token)
+    known = g.resolve(*window[0])
+    assert known is not None and not g.release_looked_up(token)  # resolved, not looked up
+    uk, ut = known.keys, known.tabs
+    g.lookup(uk, ut, insert=True, known=known)
+    assert not g.release_looked_up(token)  # its second batch is still to come
+    _train(g, *window[1], resolve=True)
+    held = g.staging.held_rows
+    assert g.release_looked_up(token)
+    assert g.staging.held_rows < held and not g.release_looked_up(token)
+    g.release_staged(token)  # gone already: nothing
+    if reads_only is not None:
+        assert not g.release_looked_up(reads_only)
+        g.release_staged(reads_only)
+    assert g.staging.held_rows == 0
+    g.close()
+
+
 def test_lookups_from_the_window_equal_lookups_that_probe(tmp_path) -> None:
     """Two groups train the same batches; one resolves them from read-ahead windows. Between a window's probe and
     its batches' lookups, earlier batches insert ids and move rows between tiers, and rows are deleted (the

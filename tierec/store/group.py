@@ -262,6 +262,8 @@ class TierStore:
             if self.horizon.active:  # their next uses, for eviction to read beside the slots
                 self.fast.note_uses(rows[pos], lids[pos], self.horizon.next_at)
             self.max_batch_rows = max(self.max_batch_rows, int(pos.size))
+            if known is not None and known.batch is not None:  # its window may go once all its batches did
+                known.batch.looked_up = True
         self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
 
@@ -376,6 +378,15 @@ class TierStore:
                 self.fast.forget_uses()
             else:
                 self.staging.release(token)
+
+    def release_looked_up(self, token: int) -> bool:
+        """Drop window ``token`` if each of its batches was looked up from it (:meth:`resolve`, then the
+        lookup); True if it was. Waits for a lookup running on another thread."""
+        with self._lock:
+            if not self.staging.looked_up(token):
+                return False
+            self.staging.release(token)
+            return True
 
     def prefetcher(self) -> TierStore | None:
         # host rows are a copy away: nothing to read ahead or foresee; nor with no memory left to read ahead

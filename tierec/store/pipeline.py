@@ -17,7 +17,10 @@ per tiered group and handed to the group's
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one
-batch pulled ahead of the one it trains). The stage runs on the caller's
+batch pulled ahead of the one it trains); once windows have run out of room, a batch earlier, where every
+store says each of its batches was looked up from it (``release_looked_up``; the stage waits for a lookup
+running then), so the next window has its room: at 16x fp32 with a horizon, windows of one batch then read
+14.5k of a step's 14.9k disk rows ahead against 9.7k of 15.0k, at 1.06-1.12x the samples/s. The stage runs on the caller's
 thread between steps, or (``run(thread=True)``, where the training step leaves
 the store a core) on a thread of its own, ``LAG`` batch ahead; the reads wait on
 the device beside the compute. The windows' records have a share of the
@@ -142,6 +145,7 @@ class StorePipeline:
         self.window = depth  # batches in the next window: ``depth`` at most, fewer where they do not fit (_adapt)
         self.smallest_window = depth
         self._dropped = 0  # rows the windows could not hold, so far
+        self.released_early = 0  # windows dropped a batch early for want of room
         self._dedupe = Deduper()
         # showing the stores the ids of the horizon's batches, waits included: a store looking up the next batch
         # ahead holds its lock meanwhile (the step would wait for that lookup anyway)
@@ -164,6 +168,7 @@ class StorePipeline:
             "depth": self.depth,
             "window": self.window,
             "smallest_window": self.smallest_window,
+            "released_early": self.released_early,
         }
 
     def stage(self, window: list[Any], first: int, seen: list[list[SeenBatch]] | None = None) -> list[tuple[Any, int]]:
@@ -265,6 +270,11 @@ class StorePipeline:
             while True:
                 while windows and windows[0][0] + HELD + lag <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
+                # once windows ran out of room: a batch earlier where the stores say so (batch t - 2's lookup is
+                # done or running: the caller took t - 1; this waits for it), and the next window gets the room
+                while self._dropped and windows and windows[0][0] + lag <= t and self._release_looked_up(windows[0][1]):
+                    windows.popleft()
+                    self.released_early += 1
                 # the next window starts soon: read it (``lag`` batches ahead, at the lookups' same point as without)
                 while self.depth and t + max(1, self.window - 1) >= start + lag:
                     pull(start - t + self.window)
@@ -310,6 +320,14 @@ class StorePipeline:
             self.window = min(self.depth, 2 * self.window)
         self._dropped = dropped
         self.smallest_window = min(self.smallest_window, self.window)
+
+    @staticmethod
+    def _release_looked_up(window: list[tuple[Any, int]]) -> bool:
+        """Drop a window where every store looked each of its batches up from it; False (nothing dropped) if
+        one did not, or cannot say (``release_looked_up``)."""
+        if not window or any(getattr(g, "release_looked_up", None) is None for g, _ in window):
+            return False
+        return all([g.release_looked_up(tok) for g, tok in window])  # (a list: each store drops what it can)
 
     @staticmethod
     def _release(window: list[tuple[Any, int]]) -> None:

@@ -50,7 +50,8 @@ class BatchIds:
     keys: np.ndarray  # [n] int64 ids, in the order the collection's forward reads them
     tabs: np.ndarray  # [n] int32 their tables (within the group)
     inverse: np.ndarray  # [n] int32 position of each among the window's unique pairs
-    taken: bool = False
+    taken: bool = False  # resolved for its lookup
+    looked_up: bool = False  # and that lookup is done
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Resolved:
     inverse: np.ndarray  # [n] int64 id occurrence -> unique position
     lids: np.ndarray  # [u] int64 lid when the window was probed, -1 unknown then
     deletions: int  # valid while the directory's deletions equal this
+    batch: BatchIds | None = None  # the window's batch it came from (its lookup marks it looked up)
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,13 @@ class Staging:
                 inverse = np.empty(keys.shape[0], dtype=np.int64)
                 u = _first_seen(b.inverse, mark, pos, inverse)
                 pos = pos[:u]
-                return Resolved(w.ids.keys[pos], w.ids.tabs[pos], inverse, w.ids.lids[pos], w.ids.deletions)
+                return Resolved(w.ids.keys[pos], w.ids.tabs[pos], inverse, w.ids.lids[pos], w.ids.deletions, b)
         return None
+
+    def looked_up(self, token: int) -> bool:
+        """Every batch of window ``token`` was looked up from it (False for a window without batches, or gone)."""
+        w = self._windows.get(token)
+        return w is not None and w.ids is not None and all(b.looked_up for b in w.ids.batches)
 
     def release(self, token: int) -> None:
         """Drop a window (its batches were looked up, or will not come)."""

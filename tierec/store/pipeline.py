@@ -86,6 +86,11 @@ from tierec.store.staging import BatchIds, SeenBatch, compose_window
 # A window is dropped once this many more batches were pulled after its last one: the training pipeline pulls the
 # next batch before the step (to look it up ahead), so the batch pulled last may not be looked up yet.
 HELD = 1
+# Once a window could not hold all its rows, this many windows after it go as soon as their batches were looked up
+# (a batch early: the stage waits for the lookup running then). Not for good after the first (16x int8: windows short
+# only while the cache warmed up: the waits bought nothing there), nor only after a short one (16x fp32: windows that fit
+# thanks to it and the next short again, in turns: 10.9k of 14.9k disk rows a step read ahead against 14.5k).
+SHORT = 8
 # A stage on a thread of its own (``run(thread=True)``) is this many batches ahead of the caller at most: it makes the
 # next batch (foresees, stages its window) while the caller's step computes.
 LAG = 1
@@ -146,6 +151,7 @@ class StorePipeline:
         self.smallest_window = depth
         self._dropped = 0  # rows the windows could not hold, so far
         self.released_early = 0  # windows dropped a batch early for want of room
+        self._short = 0  # windows to come that go early (SHORT after one that could not hold all its rows)
         self._dedupe = Deduper()
         # showing the stores the ids of the horizon's batches, waits included: a store looking up the next batch
         # ahead holds its lock meanwhile (the step would wait for that lookup anyway)
@@ -270,9 +276,9 @@ class StorePipeline:
             while True:
                 while windows and windows[0][0] + HELD + lag <= t:  # its batches are all looked up
                     self._release(windows.popleft()[1])
-                # once windows ran out of room: a batch earlier where the stores say so (batch t - 2's lookup is
+                # while windows run out of room: a batch earlier where the stores say so (batch t - 2's lookup is
                 # done or running: the caller took t - 1; this waits for it), and the next window gets the room
-                while self._dropped and windows and windows[0][0] + lag <= t and self._release_looked_up(windows[0][1]):
+                while self._short and windows and windows[0][0] + lag <= t and self._release_looked_up(windows[0][1]):
                     windows.popleft()
                     self.released_early += 1
                 # the next window starts soon: read it (``lag`` batches ahead, at the lookups' same point as without)
@@ -314,6 +320,7 @@ class StorePipeline:
             if r is None:
                 return  # no bound: the full depth always fits
             dropped, held, room = dropped + d, held + h, room + r
+        self._short = SHORT if dropped > self._dropped else max(self._short - 1, 0)
         if dropped > self._dropped:
             self.window = max(1, self.window // 2)
         elif 2 * held < room:

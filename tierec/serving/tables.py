@@ -1,7 +1,8 @@
 """A served table: an export's table file, looked up by raw id, memory-mapped by default.
 
-Ids are found by binary search in the table's ascending ids (fp32 rows: one
-compiled pass that searches and copies, numba; else numpy); only the rows a
+Ids are found by a batched binary search in the table's ascending ids
+(tierec/store/sorted_search.py; fp32 rows: one compiled pass that searches and
+copies, numba; else the positions, then numpy); only the rows a
 request needs are read, so a table larger than RAM can be served (the OS pages
 rows in and out). An id the table does not hold reads as zeros: what training
 gives an id never seen when it evaluates (tables in eval mode return zeros for
@@ -33,6 +34,7 @@ from tierec.paths import safe_member
 from tierec.serving.manifest import ExportError, TableEntry
 from tierec.serving.rows import decode, starts_of
 from tierec.serving.table_file import TableFile
+from tierec.store.sorted_search import lower_bounds
 
 
 class ServedTable:
@@ -62,7 +64,9 @@ class ServedTable:
         n = self.ids.shape[0]
         if n == 0:
             return np.zeros(ids.shape[0], bool), np.zeros(ids.shape[0], np.int64)
-        pos = np.minimum(self.ids.searchsorted(ids), n - 1)
+        pos = np.empty(ids.shape[0], np.int64)
+        lower_bounds(self.ids, ids, pos)  # numpy's searchsorted: 7-12x the time for 20k ids at random
+        np.minimum(pos, n - 1, out=pos)
         return self.ids.take(pos) == ids, pos  # take: several times faster than fancy indexing on small requests
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -103,16 +107,15 @@ def _spans(start: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _lookup_fp32(table_ids: np.ndarray, rows: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-    """``out[i]`` = the row of ``ids[i]`` (binary search in the ascending ``table_ids``), zeros when absent."""
+    """``out[i]`` = the row of ``ids[i]`` in the ascending ``table_ids``, zeros when absent. The positions come from
+    a batched branch-free binary search (16 ids stepped together, so a level's reads overlap): 2,000 / 20,000 ids at
+    random in 10M table ids, dim 16, 0.21 / 2.0 ms against 0.70 / 8.0 ms searching one id at a time."""
     n = table_ids.shape[0]
+    pos = np.empty(ids.shape[0], np.int64)
+    lower_bounds(table_ids, ids, pos)
     for i in range(ids.shape[0]):
-        q = ids[i]
-        base, size = 0, n
-        while size > 1:  # branch-free lower bound (a select, not a jump): random ids mispredict every branch
-            half = size >> 1
-            base = base + half if table_ids[base + half - 1] < q else base
-            size -= half
-        if n and table_ids[base] == q:
-            out[i, :] = rows[base, :]
+        p = pos[i]
+        if p < n and table_ids[p] == ids[i]:
+            out[i, :] = rows[p, :]
         else:
             out[i, :] = 0.0

@@ -259,7 +259,7 @@ def test_a_windows_bookkeeping_is_what_the_budget_counts_per_row() -> None:
 @pytest.mark.parametrize("m", [0, 1, 2, 3, 17, 1000, 40_001])
 def test_lower_bounds_are_numpy_s_searchsorted(m: int) -> None:
     """The batched search (every lane count, duplicates, queries below, between, on and above the values)."""
-    from tierec.store.sorted_search import lower_bounds
+    from tierec.store.sorted_search import find_sorted, lower_bounds
 
     rng = np.random.default_rng(m)
     a = np.sort(rng.integers(0, 3 * m + 5, m)).astype(np.int32)  # duplicates where m is large
@@ -268,6 +268,8 @@ def test_lower_bounds_are_numpy_s_searchsorted(m: int) -> None:
         out = np.full(n, -7, dtype=np.int64)
         lower_bounds(a, q, out)
         assert out.tolist() == np.searchsorted(a, q).tolist()
+        found, pos = find_sorted(a, q)  # membership and place, on top of it
+        assert found.tolist() == np.isin(q, a).tolist() and np.array_equal(a[pos[found]], q[found])
 
 
 def test_same_ids_is_equality_of_keys_and_tables() -> None:

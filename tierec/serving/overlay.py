@@ -34,7 +34,7 @@ from tierec.serving.manifest import TableEntry
 from tierec.serving.rows import RowChunk, encode
 from tierec.serving.table_file import TableFile
 from tierec.serving.tables import ServedTable
-from tierec.store.sorted_search import lower_bounds
+from tierec.store.sorted_search import find_sorted
 
 
 def in_memory(entry: TableEntry, chunk: RowChunk) -> ServedTable:
@@ -80,12 +80,7 @@ class Overlay:
 
 def holds(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """[N] bool: which of ``ids`` are in ``sorted_ids`` (ascending)."""
-    if not sorted_ids.size:
-        return np.zeros(ids.shape[0], bool)
-    pos = np.empty(ids.shape[0], np.int64)
-    lower_bounds(sorted_ids, ids, pos)
-    np.minimum(pos, sorted_ids.size - 1, out=pos)
-    return sorted_ids[pos] == ids
+    return find_sorted(sorted_ids, ids)[0]
 
 
 class PatchedTable:

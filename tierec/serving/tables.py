@@ -34,7 +34,7 @@ from tierec.paths import safe_member
 from tierec.serving.manifest import ExportError, TableEntry
 from tierec.serving.rows import decode, starts_of
 from tierec.serving.table_file import TableFile
-from tierec.store.sorted_search import lower_bounds
+from tierec.store.sorted_search import find_sorted, lower_bounds
 
 
 class ServedTable:
@@ -61,13 +61,7 @@ class ServedTable:
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found [N] bool, position [N] int64 where found) of raw ``ids``."""
-        n = self.ids.shape[0]
-        if n == 0:
-            return np.zeros(ids.shape[0], bool), np.zeros(ids.shape[0], np.int64)
-        pos = np.empty(ids.shape[0], np.int64)
-        lower_bounds(self.ids, ids, pos)  # numpy's searchsorted: 7-12x the time for 20k ids at random
-        np.minimum(pos, n - 1, out=pos)
-        return self.ids.take(pos) == ids, pos  # take: several times faster than fancy indexing on small requests
+        return find_sorted(self.ids, ids)  # numpy's searchsorted: 7-12x the time for 20k ids at random
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Rows [N, dim] float32 of raw ``ids`` [N] int64; zeros for ids the table does not hold."""

@@ -38,7 +38,7 @@ import numba as nb
 import numpy as np
 
 from tierec.store.disk import PendingRead
-from tierec.store.sorted_search import lower_bounds
+from tierec.store.sorted_search import find_sorted, lower_bounds
 
 ROW_BOOKKEEPING = 21  # bytes per row read ahead besides its record: row, slot and epoch int32, keep-until int64, a flag
 
@@ -164,7 +164,7 @@ class Staging:
         """[n] bool: rows no window holds yet."""
         out = np.ones(lids.size, dtype=bool)
         for w in self._windows.values():
-            out &= ~_member(w.lids, lids)[0]
+            out &= ~find_sorted(w.lids, lids)[0]
         return out
 
     def current(self, lids: np.ndarray, slots: np.ndarray, epochs: np.ndarray) -> np.ndarray:
@@ -265,16 +265,6 @@ def _first_seen(positions, mark, first, inverse):
             u += 1
         inverse[i] = m
     return u
-
-
-def _member(sorted_lids: np.ndarray, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(in [n] bool, position [n]) of ``lids`` in a sorted array."""
-    if sorted_lids.size == 0:
-        return np.zeros(lids.size, dtype=bool), np.zeros(lids.size, dtype=np.int64)
-    pos = np.empty(lids.size, dtype=np.int64)
-    lower_bounds(sorted_lids, lids, pos)
-    pos = np.minimum(pos, sorted_lids.size - 1)
-    return sorted_lids[pos] == lids, pos
 
 
 @nb.njit(cache=True, nogil=True)

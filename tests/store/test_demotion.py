@@ -1,11 +1,11 @@
-"""Which host rows go to disk: the list kept across lookups (tierec/store/demotion.py) against ranking every
-host row at each call."""
+"""Which host rows go to disk: the bucket queue kept across lookups (tierec/store/demotion.py) against ranking
+every host row at each call."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tierec.store.demotion import RANKED_FROM, ColdHostRows, coldest_homed
+from tierec.store.demotion import GARBAGE, RANKED_FROM, ColdHostRows
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
 from tierec.store.hotness import BEFORE_ALL
 
@@ -19,12 +19,16 @@ class _Uses:
     def uses(self, step: int):
         return (self.next_at, step, step + self.length) if self.active else None
 
+    def _at(self, lids: np.ndarray) -> np.ndarray:  # rows past the array: never foreseen
+        inside = lids < self.next_at.size
+        return np.where(inside, self.next_at[np.where(inside, lids, 0)], 0)
+
     def next_use(self, lids: np.ndarray, step: int) -> np.ndarray:
-        t = self.next_at[lids]
+        t = self._at(lids)
         return np.where((t > step) & (t <= step + self.length), t, 0)
 
     def ranked(self, score: np.ndarray, lids: np.ndarray, step: int) -> np.ndarray:
-        t = self.next_at[lids]
+        t = self._at(lids)
         inside = (t > step) & (t <= step + self.length)
         return np.where(inside, BEFORE_ALL - t, score)
 
@@ -51,7 +55,7 @@ def _run(length: int, seed: int, host_rows: int = 1600) -> None:
     d.loc[lids[g.random(n) < 0.3]] = LOC_DISK
     next_at = g.integers(1, 400, n).astype(np.int32)
     uses = _Uses(next_at, length)
-    cold = ColdHostRows(d, uses, host_rows)  # ranks 200 at a time
+    cold = ColdHostRows(d, uses, host_rows)
     by_horizon = host_rows >= RANKED_FROM * need
     for step in range(1, 120):
         # rows used at this step leave the host (for the fast tier) and get their next use
@@ -63,12 +67,9 @@ def _run(length: int, seed: int, host_rows: int = 1600) -> None:
         want = _reference(d, uses, n, need, step, by_horizon)
         if by_horizon:
             assert np.array_equal(np.sort(ranks), want), step
-        else:  # by counts: none the horizon uses; rows that came since the ranking wait for the next one
+        else:  # by counts: none the horizon uses
             assert np.all(np.isfinite(ranks)) and not np.any(uses.next_use(got, step) > 0), step
-            if step % 10 == 0:
-                cold.forget()
-                got, ranks = cold.candidates(need, step)
-                assert np.array_equal(np.sort(ranks), want[: ranks.size]) and np.isfinite(want[: ranks.size]).all(), step
+            assert np.array_equal(np.sort(ranks), want[: ranks.size]) and np.isfinite(want[: ranks.size]).all(), step
         d.loc[got[: need // 2]] = LOC_DISK  # half of them demoted
         # rows come to the host: some from disk, the ones used at this step
         on_disk = np.flatnonzero(d.tier[:n] == LOC_DISK)
@@ -88,27 +89,52 @@ def test_a_small_host_demotes_by_counts_and_keeps_the_rows_the_horizon_uses() ->
     _run(length=64, seed=3, host_rows=800)
 
 
-def test_coldest_homed_orders_like_a_sort_of_every_row() -> None:
+def test_a_queue_made_anew_orders_like_a_sort_of_every_row_ties_by_lid() -> None:
+    """Rows in the fast tier are homed on the host or disk too, but not away: never candidates."""
     g = np.random.default_rng(2)
     n = 5000
+    for k in (1, 100, 4000):
+        d = Directory()
+        lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
+        d.freq[lids] = g.integers(0, 1000, n).astype(np.float32)
+        d.loc[lids] = np.where(g.random(n) < 0.5, LOC_HOST, LOC_DISK).astype(np.int8)
+        up = g.choice(n, 300, replace=False)
+        d.attach_cache(301)
+        d.come_up(lids[up], np.arange(1, 301), d.loc[lids[up]], d.home[lids[up]])
+        next_at = g.integers(0, 200, n - 700).astype(np.int32)  # the last 700 rows never foreseen
+        uses = _Uses(next_at, 64)
+        host = np.flatnonzero(d.tier[:n] == LOC_HOST)
+        assert 0 < host.size < n // 2 - 100
+        got, ranks = ColdHostRows(d, uses, None).candidates(k, 50)
+        r = uses.ranked(d.freq[host].astype(np.float64), host, 50)
+        want = host[np.lexsort((host, r))][:k]
+        assert np.array_equal(got, want) and np.array_equal(ranks, np.sort(r)[:k])
+        assert np.array_equal(d.tier[:n] == LOC_HOST, np.isin(np.arange(n), host))  # the walk's marks are gone
+
+
+def test_rows_listed_twice_are_taken_once_and_the_queue_is_made_anew_when_mostly_gone() -> None:
+    """A row that leaves the host and comes back is listed twice: a walk takes it once. Rows that come and go
+    fill the queue with entries of rows gone: past GARBAGE times the rows it was made with, it is made anew,
+    and what it gives stays the lowest-ranked host rows."""
+    n, need = 500, 50
     d = Directory()
     lids = d.insert(np.arange(n), np.zeros(n, dtype=np.int32))
-    d.freq[lids] = g.integers(0, 1000, n).astype(np.float32)
-    d.loc[lids] = np.where(g.random(n) < 0.5, LOC_HOST, LOC_DISK).astype(np.int8)
-    up = g.choice(n, 300, replace=False)  # resident rows are homed on the host or disk too, but not away: left out
-    d.attach_cache(301)
-    d.come_up(lids[up], np.arange(1, 301), d.loc[lids[up]], d.home[lids[up]])
-    next_at = g.integers(0, 200, n - 700).astype(np.int32)  # the last 700 rows never foreseen
-    uses = _Uses(next_at, 64)
-    host = np.flatnonzero(d.tier[:n] == LOC_HOST)
-    assert 0 < host.size < n // 2 - 100
-    for k in (1, 100, 4000):
-        got = coldest_homed(d, k, LOC_HOST, uses.uses(50))
-        r = _Uses(np.concatenate([next_at, np.zeros(700, np.int32)]), 64).ranked(d.freq[host].astype(np.float64), host, 50)
-        want = host[np.lexsort((host, r))][:k]
-        assert np.array_equal(got, want)
-        by_counts = coldest_homed(d, k, LOC_HOST, None)
-        assert np.array_equal(by_counts, host[np.lexsort((host, d.freq[host]))][:k])
+    d.freq[lids] = np.arange(n, dtype=np.float32) % 37
+    d.loc[lids] = LOC_HOST
+    uses = _Uses(np.zeros(n, dtype=np.int32), 0)
+    cold = ColdHostRows(d, uses, None)
+    cold.candidates(need, 1)  # made: every row listed once
+    made = cold._queue
+    g = np.random.default_rng(5)
+    for step in range(2, 40):
+        back = g.choice(n, 60, replace=False)
+        d.loc[back] = LOC_NONE
+        d.loc[back] = LOC_HOST
+        cold.came(back, step)  # listed again
+        got, ranks = cold.candidates(need, step)
+        assert np.unique(got).size == got.size == need
+        assert np.array_equal(ranks, _reference(d, uses, n, need, step, False))
+    assert cold._queue is not made and cold._queue.used <= GARBAGE * n
 
 
 REC = 4 * (4 + 1)  # a row of dim 4 and its row-wise Adagrad state, in bytes

@@ -708,7 +708,7 @@ class TierStore:
             total += self.disk.nbytes()
         total += self.admission.nbytes()
         total += self.disk_rows.nbytes() if self.disk_rows is not None else 0
-        return total + self.staging.nbytes() + self.horizon.nbytes()
+        return total + self.staging.nbytes() + self.horizon.nbytes() + self.hotness.nbytes()
 
     def resident_nbytes(self) -> int:  # the tiers account for their own memory
         return self.nbytes()

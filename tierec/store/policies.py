@@ -85,6 +85,9 @@ class HotnessPass:
 
     # -------------------------------------------------- host rows making room
 
+    def nbytes(self) -> int:  # the demotion queue's
+        return self._cold.nbytes()
+
     def came_to_host(self, lids: np.ndarray, step: int) -> None:
         """Rows ``lids`` were just homed on the host at training step ``step`` (demotion candidates from now on)."""
         self._cold.came(lids, step)

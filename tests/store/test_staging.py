@@ -4,6 +4,7 @@ and training with any read-ahead window gives the numbers of training without on
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from tierec.embedding.table import TableConfig
 from tierec.store.group import TieredGroup
+from tierec.store.directory import LOC_DISK
 from tierec.store.spec import Counter, TierSpec
 
 DIM = 4
@@ -88,6 +90,54 @@ def test_a_record_read_ahead_is_not_used_once_the_row_moved(tmp_path) -> None:
     torch.testing.assert_close(g.weights[rows], torch.from_numpy(before[:, :DIM]) + 0.0, rtol=0, atol=0)
     g.release_staged(token)
     g.close()
+
+
+def test_a_record_compaction_moves_is_still_taken_from_the_window(tmp_path) -> None:
+    """Compaction moves records byte for byte: a window that read them before keeps them current, so the lookup
+    takes them from there instead of reading them again (before: 8 early reads, none from the window)."""
+    g = _group(tmp_path, disk_segment_rows=4, disk_max_ratio=1.01)
+    for lo in (0, 8, 16):
+        _look(g, np.arange(lo, lo + 8))
+    staged = np.arange(16)
+    lids = g.index.find(staged, _tabs(16))
+    token = g.stage(staged.astype(np.int64), _tabs(16))
+    g.staging._windows[token].read.result()  # read before any move
+    home = g.index.home[lids].copy()
+    _look(g, np.arange(0, 16, 3))  # these change (their window copies go stale), and leave holes on disk when sent down
+    _look(g, np.arange(24, 32))
+    _look(g, np.arange(32, 40))  # the lookups' compaction moved the others
+    kept = (staged % 3 != 0) & (g.index.tier[lids] == LOC_DISK)
+    moved = staged[kept & (g.index.home[lids] != home)][:8]
+    assert moved.size == 8
+    before = g.records_of(moved.astype(np.int64), _tabs(8))[1]
+    taken, early = int(g.counters[0, Counter.PREFETCHED]), g.disk_rows.early.stats.staged_rows
+    rows = g.lookup(moved.astype(np.int64), _tabs(8), insert=True)
+    assert int(g.counters[0, Counter.PREFETCHED]) == taken + 8 and g.disk_rows.early.stats.staged_rows == early
+    torch.testing.assert_close(g.weights[rows], torch.from_numpy(before[:, :DIM]), rtol=0, atol=0)
+    g.release_staged(token)
+    g.close()
+
+
+def test_a_window_still_reading_when_compaction_began_does_not_follow_its_moves() -> None:
+    """A read still running might find another record at a slot compaction freed: such a window keeps the old
+    slots (its copies are then not current); one whose reads ended before follows."""
+    from concurrent.futures import Future
+
+    from tierec.store.disk import PendingRead
+    from tierec.store.staging import Staging
+
+    lids, slots, epochs = np.array([3, 5]), np.array([10, 11]), np.array([1, 1])
+    st = Staging()
+    read = PendingRead(None, slots, np.arange(2), np.zeros((2, 3), dtype=np.float32))
+    running = Future()
+    read.futures.append(running)
+    st.add(lids, slots, epochs, read, np.full(2, -1))
+    new_slots, new_epochs = np.array([40, 41]), np.array([2, 2])
+    st.rehome(lids, new_slots, new_epochs, since=time.perf_counter())
+    assert not st.current(lids, new_slots, new_epochs).any() and st.current(lids, slots, epochs).all()
+    running.set_result(0)  # it had ended by then (finished: when it started)
+    st.rehome(lids[1:], new_slots[1:], new_epochs[1:], since=time.perf_counter())
+    assert st.current(lids, np.array([10, 41]), np.array([1, 2])).all()
 
 
 def test_rows_not_on_disk_are_not_read_ahead(tmp_path) -> None:

@@ -595,6 +595,13 @@ class PendingRead:
         self.finished = max(self.finished, time.perf_counter())  # one float store: safe across threads
         return status
 
+    def read_before(self, t: float) -> bool:
+        """Every record is in memory, read without error before ``time.perf_counter()`` was ``t`` (what a
+        record moved since then may keep: a read still running might find another record at its old slot)."""
+        if self._out is not None:  # taken: by a lookup, which holds the store as a move does
+            return True
+        return all(f.done() for f in self.futures) and self.finished <= t and all(f.result() >= 0 for f in self.futures)
+
     def result(self) -> np.ndarray:
         """Records [n, 1 + W] (the lid header first) in the order the slots were given."""
         if self._out is None:

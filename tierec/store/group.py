@@ -176,6 +176,7 @@ class TierStore:
             count=weakly(self._count),
             note=self.changes.changed,
             note_deleted=self.changes.deleted,
+            rehome=weakly(self._rehome),
         )
         self.hotness = HotnessPass(self.index, spec, self.fast, self.host, self.disk, moves, self.horizon)
         self.tier_records = TierRecords(
@@ -266,6 +267,10 @@ class TierStore:
                 known.batch.looked_up = True
         self._last_rows = int(keys.shape[0])
         return torch.from_numpy(rows)
+
+    def _rehome(self, lids: np.ndarray, slots: np.ndarray, since: float) -> None:
+        """Rows' records moved within the disk tier (compaction, begun at ``since``): the windows' copies follow."""
+        self.staging.rehome(lids, slots, self.disk.epochs(slots), since)
 
     def _compact_some(self) -> None:
         """A share of the disk tier's compaction, before this lookup probes (homes move): at most twice the

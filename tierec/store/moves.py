@@ -12,7 +12,9 @@ gets one ``TierMoves`` with exactly these functions, not the group:
 - ``read_rows(lids)``: records [n, W] of rows ``lids`` wherever they live;
 - ``store_away(lids, records)``: home rows away from every tier in host or disk;
 - ``count(counter, tabs)``: add events to the group's per-table counters;
-- ``note(keys, tabs)`` / ``note_deleted(keys, tabs)``: change tracking (delta checkpoints).
+- ``note(keys, tabs)`` / ``note_deleted(keys, tabs)``: change tracking (delta checkpoints);
+- ``rehome(lids, slots, since)``: records of rows ``lids`` moved within the disk tier (compaction, begun at
+  ``since``): copies read ahead may follow them.
 
 :func:`weakly` makes a function of a bound method that holds its object weakly,
 so a group that lends its own methods stays free of reference cycles and is
@@ -23,7 +25,7 @@ freed as soon as its last user drops it.
 >>> seen = []
 >>> nothing = lambda *args: None
 >>> moves = TierMoves(take_slots=nothing, bring_up=nothing, free_rows=seen.append, read_rows=nothing,
-...                   store_away=nothing, count=nothing, note=nothing, note_deleted=nothing)
+...                   store_away=nothing, count=nothing, note=nothing, note_deleted=nothing, rehome=nothing)
 >>> moves.free_rows(np.array([3, 4])); seen
 [array([3, 4])]
 """
@@ -49,6 +51,7 @@ class TierMoves:
     count: Callable[[Counter, np.ndarray], None]
     note: Callable[[np.ndarray, np.ndarray], None]
     note_deleted: Callable[[np.ndarray, np.ndarray], None]
+    rehome: Callable[[np.ndarray, np.ndarray, float], None]
 
 
 def weakly(method: Callable) -> Callable:

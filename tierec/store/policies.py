@@ -23,6 +23,8 @@ the group's clocks come with each call. The caller holds the group's lock.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from tierec.store import hotness
@@ -80,8 +82,10 @@ class HotnessPass:
     def compact(self, most: int | None = None) -> None:
         """The disk tier's compaction (at most ``most`` records moved; DiskTier.compact), the moved rows' homes
         updated."""
+        started = time.perf_counter()
         lids, slots = self.disk.compact(most)
         self.index.home[lids] = slots
+        self.moves.rehome(lids, slots, started)
 
     # -------------------------------------------------- host rows making room
 

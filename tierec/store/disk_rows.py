@@ -9,7 +9,9 @@ same segment epoch: DiskTier.epochs); the header of each record must name its ro
 Why the lookup's own early reads: at 4x fp32 with a horizon about 260 rows of
 6,910 a lookup were read on demand, mostly rows whose records compaction had
 moved after a window read them, and the lookup waited about 4 ms for them.
-Started before its evictions (several ms of CPU), they are read by then.
+Started before its evictions (several ms of CPU), they are read by then. Since
+windows follow compaction's moves (``Staging.rehome``) there are fewer: 97 of
+6,071 a lookup there (166 before), 271 of 6,693 at 4x int8 (413).
 """
 
 from __future__ import annotations

@@ -65,7 +65,6 @@ from tierec.store.horizon import Horizon
 RANKED_FROM = 24
 COUNTS = 256  # buckets of the quantised access counts; the horizon's steps follow
 GARBAGE = 2  # the queue is made anew once it holds this many times the rows it was made with (rows gone meanwhile)
-_MARK = np.int8(0x40)  # set in a row's tier byte while a walk has taken it (a second entry of it is then dropped)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -88,16 +87,21 @@ def _append(b, e, heads, tails, e_next):
     tails[b] = e
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _push(x, q, next_at, step, until, ring, heads, tails, e_lid, e_next, free):
+    """Row ``x`` (quantised count ``q``) joins its bucket, in an entry from the free list (``free[0]`` its head,
+    ``free[1]`` its length; free entries are linked through ``e_next`` too)."""
+    e = free[0]
+    free[0], free[1] = e_next[e], free[1] - 1
+    e_lid[e] = x
+    _append(_place(x, q, next_at, step, until, ring), e, heads, tails, e_next)
+
+
 @nb.njit(cache=True, nogil=True)
 def _file(lids, qs, next_at, step, until, ring, heads, tails, e_lid, e_next, free):
-    """Rows ``lids`` (quantised counts ``qs``) join their buckets, in entries from the free list (``free[0]``
-    its head, ``free[1]`` its length); entries free are linked through ``e_next`` too."""
+    """Rows ``lids`` (quantised counts ``qs``) join their buckets."""
     for i in range(lids.shape[0]):
-        x = lids[i]
-        e = free[0]
-        free[0], free[1] = e_next[e], free[1] - 1
-        e_lid[e] = x
-        _append(_place(x, qs[i], next_at, step, until, ring), e, heads, tails, e_next)
+        _push(lids[i], qs[i], next_at, step, until, ring, heads, tails, e_lid, e_next, free)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -105,10 +109,19 @@ def _file_homed(tier, fq, high, loc, next_at, step, until, ring, heads, tails, e
     """Every row homed in ``loc`` (away from the fast tier) joins its bucket, in lid order."""
     for x in range(high):
         if tier[x] == loc:
-            e = free[0]
-            free[0], free[1] = e_next[e], free[1] - 1
-            e_lid[e] = x
-            _append(_place(x, fq[x], next_at, step, until, ring), e, heads, tails, e_next)
+            _push(x, fq[x], next_at, step, until, ring, heads, tails, e_lid, e_next, free)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _first_time(x, seen, mask):
+    """True the first time row ``x`` comes to this open-addressing set (``seen``: -1 where empty); it is in after."""
+    j = (x * 2654435761) & mask
+    while seen[j] >= 0:
+        if seen[j] == x:
+            return False
+        j = (j + 1) & mask
+    seen[j] = x
+    return True
 
 
 @nb.njit(cache=True, nogil=True)
@@ -116,6 +129,10 @@ def _walk(buckets, want, tier, fq, loc, next_at, step, until, ring, heads, tails
     """Walk ``buckets`` in order, taking up to ``want`` rows still homed in ``loc`` (into ``out``): entries of rows
     gone go back to the free list, rows whose place rose move to their bucket. ``want`` < 0: take none, move
     every row whose place changed (the buckets of steps gone by). Returns the rows taken."""
+    size = 16
+    while size < 2 * want:
+        size *= 2
+    seen = np.full(size, -1, dtype=np.int64)  # the rows taken (a second entry of one is dropped)
     n = 0
     for b in buckets:
         prev = -1
@@ -123,17 +140,19 @@ def _walk(buckets, want, tier, fq, loc, next_at, step, until, ring, heads, tails
         while e >= 0 and n != want:
             nxt = e_next[e]
             x = e_lid[e]
-            to = -1  # gone (or taken already: a second entry of the row)
+            to = -1  # gone, or a second entry of a row taken already
             if tier[x] == loc:
                 to = _place(x, fq[x], next_at, step, until, ring)
                 if to == b:  # in place
-                    if want >= 0:
+                    if want < 0:
+                        prev, e = e, nxt
+                        continue
+                    if _first_time(np.int64(x), seen, size - 1):
                         out[n] = x
                         n += 1
-                        tier[x] |= _MARK
-                    prev = e
-                    e = nxt
-                    continue
+                        prev, e = e, nxt
+                        continue
+                    to = -1
             if prev < 0:  # unlink e
                 heads[b] = nxt
             else:
@@ -146,8 +165,6 @@ def _walk(buckets, want, tier, fq, loc, next_at, step, until, ring, heads, tails
             else:  # to its bucket, later in the walk
                 _append(to, e, heads, tails, e_next)
             e = nxt
-    for i in range(n):
-        tier[out[i]] &= ~_MARK
     return n
 
 

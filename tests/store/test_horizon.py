@@ -169,3 +169,45 @@ def test_with_int8_cold_rows_every_path_gives_the_numbers_of_the_sequential_one(
 def test_a_negative_horizon_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="store.horizon must be >= 0"):
         load_config(None, ["store.horizon=-1"])
+
+
+def test_foresee_gives_the_lids_of_a_probe_under_the_lock_when_its_probe_beside_a_lookup_is_stale(tmp_path, monkeypatch) -> None:
+    """``foresee`` probes beside a running lookup (``Directory.find_beside``), then under the store's lock again
+    where that probe may be stale: the pairs it found no row for (a lookup may have made them since), and every
+    pair where rows were deleted since. A stand-in for the probe beside, answering as if every pair had no row yet
+    or (every other call) with wrong lids and a deletion count gone by, leaves the foreseen lids and the horizon's
+    next uses those of a store that probes as usual, at every step."""
+    batches = _zipf_batches(4, 40)
+    zeros = [np.zeros(b.size, dtype=np.int32) for b in batches]
+
+    def made(name: str) -> TieredGroup:
+        spec = TierSpec(cache_bytes=500 * REC, host_bytes=400 * REC, disk_dir=str(tmp_path / name), horizon=6,
+                        cold_precision="int8")
+        return TieredGroup([TableConfig(name="t", dim=DIM, features=["f"])], spec, seed=0)
+
+    plain, stale = made("plain"), made("stale")
+    calls = []
+
+    def beside(keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, int]:
+        calls.append(keys.size)
+        if len(calls) % 2:
+            return np.full(keys.size, -1, dtype=np.int64), stale.index.deletions
+        return np.zeros(keys.size, dtype=np.int64), stale.index.deletions - 1
+
+    def foresee(j: int) -> None:
+        a, b = plain.foresee(batches[j], zeros[j]), stale.foresee(batches[j], zeros[j])
+        assert a.lids.tolist() == b.lids.tolist() == plain.index.find(batches[j], zeros[j]).tolist(), j
+
+    monkeypatch.setattr(stale.index, "find_beside", beside)
+    for j in range(6):
+        foresee(j)
+    for i in range(len(batches)):
+        if i + 6 < len(batches):
+            foresee(i + 6)
+        for g in (plain, stale):
+            g.lookup(batches[i], zeros[i], insert=True)
+        assert plain.horizon.next_at[: plain.index.high].tolist() == stale.horizon.next_at[: stale.index.high].tolist(), i
+    assert len(calls) == len(batches) and int(plain.counters[0, Counter.DISK_READ_ROWS]) > 0
+    assert int(plain.counters[0, Counter.DISK_READ_ROWS]) == int(stale.counters[0, Counter.DISK_READ_ROWS])
+    plain.close()
+    stale.close()

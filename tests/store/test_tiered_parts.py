@@ -86,6 +86,54 @@ def test_probe_equals_find_then_the_columns() -> None:
     assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
 
 
+def test_find_beside_runs_beside_inserts_that_grow_the_directory_and_deletes() -> None:
+    """``find_beside`` on one thread while another inserts (growing every per-lid array, which may move them, and
+    rebuilding the map) and deletes rows: pairs never deleted keep their lids, and each lid given for a pair
+    deleted and inserted again in turns is the one it had while ``deletions`` was the number returned beside it
+    (or -1: not inserted yet then)."""
+    import threading
+
+    d = Directory(initial_rows=16)
+    keys = 1_000_000 + np.arange(2000, dtype=np.int64) * 7  # apart from the pairs below
+    tabs = (np.arange(2000) % 5).astype(np.int32)
+    first = d.insert(keys, tabs)  # never deleted
+    extra = np.arange(10_000, 10_400, dtype=np.int64)  # deleted and inserted again, a different 200 each round
+    zeros = np.zeros(extra.size, dtype=np.int32)
+    seen: list[tuple[int, np.ndarray]] = []
+    moved: list[str] = []
+    stop = threading.Event()
+
+    def finder() -> None:
+        while not stop.is_set() or len(seen) < 5:
+            lids, _ = d.find_beside(keys, tabs)
+            if lids.tolist() != first.tolist():
+                moved.append(f"pairs never deleted found at other lids (call {len(seen)})")
+                return
+            got, deletions = d.find_beside(extra, zeros)
+            seen.append((deletions, got))
+
+    epochs: dict[int, dict[int, int]] = {}  # deletions -> lid of each extra pair inserted while it held
+    t = threading.Thread(target=finder)
+    t.start()
+    try:
+        rng = np.random.default_rng(2)
+        for r in range(30):  # 30 rounds of 4k new pairs: the arrays grow from 16 rows to 120k
+            d.insert(100_000 + r * 4000 + np.arange(4000, dtype=np.int64), np.zeros(4000, dtype=np.int32))
+            have = d.find(extra, zeros)
+            d.delete(have[have >= 0])
+            add = np.sort(rng.choice(extra, 200, replace=False))
+            epochs[d.deletions] = dict(zip(add.tolist(), d.insert(add, np.zeros(200, dtype=np.int32)).tolist()))
+    finally:
+        stop.set()
+        t.join()
+    assert not moved, moved
+    assert d.high > 100_000 and d.find(keys, tabs).tolist() == first.tolist()
+    assert len({dl for dl, _ in seen}) > 1  # the finder saw the directory at several stages
+    for deletions, got in seen:
+        known = got >= 0
+        assert [epochs[deletions][k] for k in extra[known].tolist()] == got[known].tolist()
+
+
 def test_column_kernels_equal_the_split_path() -> None:
     """Reading counts and writing home tiers and slots of listed lids (kernels) leave the directory as numpy's path
     through the split does (a Python list of lids takes that path), resident and away rows mixed."""

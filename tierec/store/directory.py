@@ -32,6 +32,13 @@ All kernels release the GIL, so the look-ahead thread can run them beside the
 training step; they are serial but for ``probe`` of many pairs (a read-ahead
 window's), which splits them over the calling thread's numba threads.
 
+The directory's owner serialises its calls (a tiered store's lock), with one
+exception: :meth:`find_beside` may run beside any call. Only ``insert`` and
+``delete`` change the map (and ``insert`` may move the per-lid arrays as they
+grow), so they and ``find_beside`` take a lock of the map's own; everything
+else only reads the map, or reads and writes columns ``find_beside`` does not
+read.
+
 >>> import numpy as np
 >>> from tierec.store.directory import Directory
 >>> d = Directory()
@@ -46,6 +53,8 @@ window's), which splits them over the calling thread's numba threads.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numba as nb
 import numpy as np
@@ -348,6 +357,7 @@ class Directory:
 
     def __init__(self, initial_rows: int = 1024, n_tables: int = 1 << 15, cache_slots: int = 0, track_last: bool = True) -> None:
         self.num_rows = 0
+        self._map_lock = threading.Lock()  # insert and delete against find_beside (see the module)
         self.deletions = 0  # calls of delete() so far: a lid found earlier is still its pair's while this holds
         self.high = 0  # lids ever handed out; lids >= high are untouched
         self._free = np.empty(0, dtype=np.int64)  # stack of freed lids
@@ -517,6 +527,14 @@ class Directory:
                False, out, none, none.astype(np.int8), none)
         return out
 
+    def find_beside(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, int]:
+        """(``find`` of the pairs, ``deletions`` then), safe beside any other call on another thread (it waits
+        only for an ``insert`` or ``delete`` running there). The lids are those ``find`` would give at some
+        moment during the call: a pair inserted meanwhile may read -1, and none of them is stale while
+        ``deletions`` is still the number returned."""
+        with self._map_lock:
+            return self.find(keys, tabs), self.deletions
+
     def probe(self, keys: np.ndarray, tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(lid, fast-tier slot, home tier, home slot) [N] each of every pair; -1, -1, LOC_NONE, -1 when unknown.
 
@@ -584,6 +602,10 @@ class Directory:
 
     def insert(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         """New lids [n] for pairs known to be absent and unique: away from every tier, count 0."""
+        with self._map_lock:
+            return self._insert(keys, tabs)
+
+    def _insert(self, keys: np.ndarray, tabs: np.ndarray) -> np.ndarray:
         n = keys.shape[0]
         reuse = min(n, self._n_free)
         lids = np.empty(n, dtype=np.int64)
@@ -606,6 +628,10 @@ class Directory:
         """Forget rows; the caller has freed their slots in every tier (resident ones included)."""
         if lids.size == 0:
             return
+        with self._map_lock:
+            self._delete(lids)
+
+    def _delete(self, lids: np.ndarray) -> None:
         self.deletions += 1
         _delete(lids.astype(np.int64), self.slots, self.tag_bits, self.keys, self.tabs)
         self.tier[lids] = LOC_NONE

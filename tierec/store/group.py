@@ -364,14 +364,25 @@ class TierStore:
         """The unique (table, id) pairs of the training batch after the last one foreseen (the first: the next
         lookup's): eviction ranks rows by their next use in the ``spec.horizon`` batches ahead
         (tierec/store/horizon.py); pairs without a row count from the lookup that makes it. Reads nothing;
-        returns the lids found (for the window's :meth:`stage`), None without a horizon."""
+        returns the lids found (for the window's :meth:`stage`), None without a horizon.
+
+        The pairs are probed beside a lookup running on another thread (``Directory.find_beside``), and only
+        the few pairs still without a row then are probed again under the store's lock, or all of them where
+        rows were deleted meanwhile: the same lids as a probe under the lock, so the same ranking."""
+        if not self.horizon.length:
+            return None
+        tabs = tabs.astype(np.int32, copy=False)
+        lids, deletions = self.index.find_beside(keys, tabs)
         with self._lock:
-            if not self.horizon.length:
-                return None
-            tabs = tabs.astype(np.int32, copy=False)
-            lids = self.index.find(keys, tabs)
+            d = self.index
+            if deletions != d.deletions:
+                lids = d.find(keys, tabs)
+            else:
+                unknown = np.flatnonzero(lids < 0)
+                if unknown.size:  # inserted since, perhaps (the horizon links a pair's uses once it has a row)
+                    lids[unknown] = d.find(keys[unknown], tabs[unknown])
             self.horizon.foresee(keys, tabs, lids, step=self.train_steps)
-            return Found(lids, self.index.deletions)
+            return Found(lids, d.deletions)
 
     def release_staged(self, token: int | None = None) -> None:
         """Drop a window of records read ahead (all of them without a token: the pipeline stopped, and the

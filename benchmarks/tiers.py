@@ -208,6 +208,11 @@ def _cache_frac(mode: str, default: float) -> float:
     return default if value is None else float(value)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _stage_frac(mode: str) -> float | None:
     """The read-ahead windows' share of the budget in a mode ("+stage0.375"; the host tier gets the rest), or
     None: the store's own default.
@@ -328,9 +333,13 @@ class Runner:
         res = {
             "mode": self.mode,
             "median_step_s": float(np.median(self.times)),
+            "mean_step_s": float(np.mean(self.times)),
             "step_s": [round(t, 4) for t in self.times],
             "samples_per_s": batch_size * steps / float(np.sum(self.times)),
             "cpu_s_per_step": sum(r[1] for r in self.rounds) / steps,
+            # the step can be no shorter than its CPU spread over the cores it may use: how near it runs to that
+            "cores": usable_cores(),
+            "cpu_busy_share": sum(r[1] for r in self.rounds) / (usable_cores() * sum(r[0] for r in self.rounds)),
             "cpu_ms_per_step_by_thread": {k: round(1e3 * v / steps, 2) for k, v in self.thread_cpu.most_common()},
             "round_wall_s": [r[0] for r in self.rounds],
             "round_load": [r[2] for r in self.rounds],
@@ -514,6 +523,10 @@ def _print(res: dict) -> None:
         for r in d["runs"]:  # who takes the CPU: on few cores the tiers' threads share it with the dense step's
             by = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_step_by_thread"].items() if v >= 0.05)
             print(f"- CPU ms a step by thread, {r['mode']}: {by}")
+        for r in d["runs"]:
+            cpu, cores = 1e3 * r["cpu_s_per_step"], r["cores"]
+            print(f"- CPU, {r['mode']}: {cpu:.1f} ms a step over all threads, so at least {cpu / cores:.1f} ms on {cores} "
+                  f"cores; the step {1e3 * r['mean_step_s']:.1f} ms, the cores {r['cpu_busy_share']:.0%} busy")
     if "oracle" in res:
         o = res["oracle"]
         print(f"\n### Disk rows per step against the offline optimum ({o['steps']} steps after {o['warmup']}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from benchmarks.tiers import main
 
@@ -23,6 +24,8 @@ def test_disk_benchmark_runs(tmp_path) -> None:
     assert "disk+prefetch4+ahead+horizon128/memory throughput (paired)" in res["ratios"]
     by_thread = modes["disk+prefetch4+ahead"]["cpu_ms_per_step_by_thread"]  # the lookup ahead ran on its own thread
     assert "MainThread" in by_thread and "tierec-ahead" in by_thread
+    for r in modes.values():  # the CPU's share of the cores the process may use while the steps ran: at most all
+        assert r["cores"] == len(os.sched_getaffinity(0)) and 0.0 < r["cpu_busy_share"] <= 1.05, r
 
 
 def test_disk_benchmark_runs_with_compact_cold_rows(tmp_path) -> None:

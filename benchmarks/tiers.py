@@ -330,6 +330,7 @@ class Runner:
 
     def result(self, batch_size: int) -> dict:
         steps = len(self.times)
+        cores = usable_cores()
         res = {
             "mode": self.mode,
             "median_step_s": float(np.median(self.times)),
@@ -338,8 +339,8 @@ class Runner:
             "samples_per_s": batch_size * steps / float(np.sum(self.times)),
             "cpu_s_per_step": sum(r[1] for r in self.rounds) / steps,
             # the step can be no shorter than its CPU spread over the cores it may use: how near it runs to that
-            "cores": usable_cores(),
-            "cpu_busy_share": sum(r[1] for r in self.rounds) / (usable_cores() * sum(r[0] for r in self.rounds)),
+            "cores": cores,
+            "cpu_busy_share": sum(r[1] for r in self.rounds) / (cores * sum(r[0] for r in self.rounds)),
             "cpu_ms_per_step_by_thread": {k: round(1e3 * v / steps, 2) for k, v in self.thread_cpu.most_common()},
             "round_wall_s": [r[0] for r in self.rounds],
             "round_load": [r[2] for r in self.rounds],

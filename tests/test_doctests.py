@@ -19,7 +19,7 @@ DATA = [
 EMBEDDING = ["tierec.embedding.ahead", "tierec.embedding.arena", "tierec.embedding.collection", "tierec.embedding.group", "tierec.embedding.hash_index"]
 STORE = [
     "tierec.store", "tierec.store.sizes", "tierec.store.spec", "tierec.store.directory", "tierec.store.host",
-    "tierec.store.disk", "tierec.store.codec", "tierec.store.hotness", "tierec.store.group", "tierec.store.moves", "tierec.store.fast_tier", "tierec.store.admission", "tierec.store.eviction", "tierec.store.demotion", "tierec.store.plan", "tierec.store.pipeline", "tierec.store.staging",
+    "tierec.store.disk", "tierec.store.codec", "tierec.store.hotness", "tierec.store.tiered_group", "tierec.store.moves", "tierec.store.fast_tier", "tierec.store.admission", "tierec.store.eviction", "tierec.store.demotion", "tierec.store.plan", "tierec.store.pipeline", "tierec.store.staging",
     "tierec.store.monitor", "benchmarks.tiers_sim", "benchmarks.tiers_memory", "benchmarks.tiers", "benchmarks.disk_layout",
 ]  # fmt: skip
 

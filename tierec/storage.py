@@ -49,7 +49,7 @@ def storage_factory(plan: StorePlan | None = None, prune: PruneConfig | None = N
         if prune is None:
             if not tiered:
                 return TableGroup(tables, seed=seed, device=device)
-            from tierec.store.group import TieredGroup
+            from tierec.store.tiered_group import TieredGroup
 
             return TieredGroup(tables, plan.spec_for(tables), seed=seed, device=device)
         from tierec.prune.group import PrunedGroup, chunk_store_name

@@ -83,7 +83,7 @@ def test_fused_path_is_taken_only_where_it_applies() -> None:
     assert not _collection(64, OptimizerKind.ADAM).groups[0].fused_reduce_update()
 
     # a tiered group's update does more than the optimizer step (it skips the shared zero slot): two passes
-    from tierec.store.group import TieredGroup
+    from tierec.store.tiered_group import TieredGroup
     from tierec.store.spec import TierSpec
 
     tiered = TieredGroup([TableConfig(name="t", dim=64, features=["f"])], TierSpec(cache_bytes=1 << 16, host_bytes=None))

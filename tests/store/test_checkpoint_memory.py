@@ -29,7 +29,7 @@ import json, sys
 import numpy as np, torch
 from pathlib import Path
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.spec import TierSpec
 from tierec.train.checkpoint import Checkpoint, save_checkpoint
 from tierec.embedding.storage import record_chunks

@@ -142,7 +142,7 @@ REC = 4 * (4 + 1)  # a row of dim 4 and its row-wise Adagrad state, in bytes
 
 def _tiered(tmp_path, cold: str = "fp32"):
     from tierec.embedding.table import TableConfig
-    from tierec.store.group import TieredGroup
+    from tierec.store.tiered_group import TieredGroup
     from tierec.store.spec import ColdPrecision, TierSpec
 
     spec = TierSpec(cache_bytes=8 * REC, host_bytes=16 * REC, disk_dir=str(tmp_path), in_flight=2,

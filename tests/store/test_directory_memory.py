@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.spec import TierSpec
 
 

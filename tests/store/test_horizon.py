@@ -9,7 +9,7 @@ import pytest
 
 from tierec.config import ConfigError, load_config
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.horizon import Horizon
 from tierec.store.spec import Counter, TierSpec
 from tierec.train.trainer import Trainer

@@ -21,7 +21,7 @@ import pytest
 from tierec.embedding.table import TableConfig
 from tierec.store import directory, hotness
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.spec import TierSpec
 
 
@@ -71,7 +71,7 @@ CHILD = r"""
 import json, sys
 import numpy as np
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.spec import TierSpec
 
 n = int(sys.argv[1])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.directory import LOC_DISK
 from tierec.store.spec import Counter, TierSpec
 

@@ -502,7 +502,8 @@ def test_tiered_group_is_composed_and_freed_without_the_cycle_collector(tmp_path
     import weakref
 
     from tierec.embedding.table import TableConfig
-    from tierec.store.group import TieredGroup, TierStore
+    from tierec.store.group import TierStore
+    from tierec.store.tiered_group import TieredGroup
     from tierec.store.spec import TierSpec
 
     assert TieredGroup.__bases__ == (TierStore,) and TierStore.__bases__ == (object,)

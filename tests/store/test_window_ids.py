@@ -8,7 +8,7 @@ import torch
 
 from tierec.embedding.hash_index import Deduper
 from tierec.embedding.table import TableConfig
-from tierec.store.group import TieredGroup
+from tierec.store.tiered_group import TieredGroup
 from tierec.store.spec import TierSpec
 from tierec.store.staging import BatchIds, SeenBatch, compose_window
 

@@ -13,7 +13,7 @@ it. So the rows, the values and the training are exactly those of the
 sequential path (tests/embedding/test_ahead.py).
 
 With ``bring_up`` the tiered groups do the next batch's training lookup there
-(:meth:`~tierec.store.group.TieredGroup.lookup_ahead`: rows brought up from
+(:meth:`~tierec.store.group.TierStore.lookup_ahead`: rows brought up from
 host and disk, evictions, write-backs), which changes the tables: the batch
 submitted must be the next one trained (``take`` refuses any other), and the
 caller submits only when nothing else will use the tables before it (a

@@ -297,7 +297,7 @@ class TableGroup:
 
 
 # Whole rows in a weights tensor [R, D] beside their optimizer state: a plain group's rows, and a tiered
-# group's fast tier (tierec/store/group.py) share these.
+# group's fast tier (tierec/store/group.py and tiered_group.py) share these.
 
 
 def init_dense_rows(

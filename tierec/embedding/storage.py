@@ -4,13 +4,13 @@ Every table group keeps its rows behind this interface, whatever their layout
 (whole rows, or chunked rows that pruning shortens) and placement (memory, or
 a bounded fast tier over host DRAM and disk):
 
-=================  =====================  ==============================
+=================  =====================  ==================================
 layout \\ placement  memory                 tiers (cache / host / disk)
-=================  =====================  ==============================
-whole rows          ``TableGroup``         ``store.group.TieredGroup``
+=================  =====================  ==================================
+whole rows          ``TableGroup``         ``store.tiered_group.TieredGroup``
 chunked rows        ``PrunedGroup`` over   ``PrunedGroup`` over a
                     a ``ChunkPool``        ``TieredChunkPool``
-=================  =====================  ==============================
+=================  =====================  ==================================
 
 One factory (``tierec.storage.storage_factory``) decides which a table gets.
 The two whole-row storages share no base class: each describes its records

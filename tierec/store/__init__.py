@@ -16,7 +16,7 @@ from tierec.sizes import format_size, parse_size
 _LAZY = {
     "CacheCapacityError": "tierec.store.group",
     "StoreFullError": "tierec.store.group",
-    "TieredGroup": "tierec.store.group",
+    "TieredGroup": "tierec.store.tiered_group",
     "CachePolicy": "tierec.store.spec",
     "Counter": "tierec.store.spec",
     "Tier": "tierec.store.spec",

@@ -1,8 +1,8 @@
-"""TieredGroup: the storage of a table group's whole rows in a bounded fast tier over host DRAM and disk.
+"""TierStore: records of one layout, keyed by (key space, id), in a bounded fast tier over host DRAM and disk.
 
 A :class:`TierStore` holds records of one :class:`~tierec.embedding.layout.RecordLayout`
-(weights, then optimizer state) keyed by (key space, id) in the tiers; a
-``TieredGroup`` is the TierStore of a table group's rows
+(weights, then optimizer state) keyed by (key space, id) in the tiers. A
+:class:`~tierec.store.tiered_group.TieredGroup` is the TierStore of a table group's rows
 (``RecordLayout.of_tables``) that also trains them (``update``, ``pool``) and
 implements :class:`~tierec.embedding.storage.RowStorage`. A tiered chunk pool
 (tierec/prune/tiered_pool.py) holds a TierStore of chunk records
@@ -38,13 +38,13 @@ encoded when it leaves the fast tier and decoded when it comes back.
 Pinning: a slot used by lookup number ``c`` carries ``pin = c`` and cannot be
 evicted until lookup ``c + 1`` starts (the batch's update is done by then), or
 ``c + 2`` in a lookup that runs during the previous batch's step
-(:meth:`TieredGroup.lookup_ahead`, ``store.lookup_ahead``). With a lossy cold
+(:meth:`TierStore.lookup_ahead`, ``store.lookup_ahead``). With a lossy cold
 codec, where the numbers depend on which rows move, every lookup keeps the
 ``c + 2`` rule when the key is on, so looking ahead or not moves the same rows.
 Every row has a single resident copy and the update always lands on it:
 training is bitwise the same under any layout.
 
-Reading ahead (:meth:`TieredGroup.stage`): the pipeline names the rows of
+Reading ahead (:meth:`TierStore.stage`): the pipeline names the rows of
 upcoming batches; those that live only on disk are read on the disk tier's
 read-ahead threads into a :class:`~tierec.store.staging.Staging` window, and
 a lookup takes a row's record from there when it is still current. Nothing
@@ -52,20 +52,6 @@ else changes, so the numbers do not depend on it.
 
 Slot 0 is a shared row of zeros: ids not admitted yet (``admit_after``,
 ``admit_probability``) read it in training and get no update.
-
->>> import numpy as np, tempfile
->>> from tierec.embedding.table import TableConfig
->>> from tierec.store.group import TieredGroup
->>> from tierec.store.spec import TierSpec
->>> spec = TierSpec(cache_bytes=4 * 20, host_bytes=0, disk_dir=tempfile.gettempdir())
->>> g = TieredGroup([TableConfig(name="t", dim=4, features=["f"])], spec)
->>> g.capacity  # 20 bytes per row: 4 floats of weights and 1 of row-wise Adagrad state
-4
->>> for batch in ([1, 2, 3], [4, 5], [1, 6]):
-...     rows = g.lookup(np.array(batch, dtype=np.int64), np.zeros(len(batch), dtype=np.int32), insert=True)
->>> g.num_rows, g.stats()["t"]["rows_disk"] > 0
-(6, True)
->>> g.close()
 """
 
 from __future__ import annotations
@@ -79,11 +65,8 @@ from torch import Tensor
 
 from tierec.config import ColdPrecision
 from tierec.embedding.changes import ChangeTracker
-from tierec.embedding.group import TableGroup, gather_dense, init_dense_rows
-from tierec.embedding.optimizers import apply_update
-from tierec.embedding.pool_ops import BagLayout, pool_dense
+from tierec.embedding.group import init_dense_rows
 from tierec.embedding.layout import RecordLayout
-from tierec.embedding.table import TableConfig
 from tierec.store.admission import Admission
 from tierec.store.codec import row_codec
 from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE, Directory
@@ -760,50 +743,3 @@ class TierStore:
         self.staging.clear()
         if self.disk is not None:
             self.disk.close()
-
-
-class TieredGroup(TierStore):
-    """A table group's :class:`~tierec.embedding.storage.RowStorage` in the tiers: a :class:`TierStore` of
-    its tables' rows (:meth:`RecordLayout.of_tables`), trained by its optimizer."""
-
-    counts_accesses = False  # update() ignores how many ids each row served
-
-    def __init__(
-        self, tables: list[TableConfig], spec: TierSpec, seed: int = 0, device: torch.device | str = "cpu"
-    ) -> None:
-        super().__init__(RecordLayout.of_tables(tables), spec, seed, device)
-        self.tables = tables
-        self.optimizer = tables[0].optimizer  # shared by the tables (RecordLayout.of_tables checked)
-        self.step = 0  # updates applied (Adam's bias correction)
-
-    def pool(self, rows: np.ndarray, layout: BagLayout, *, train: bool, anchor: Tensor, fused: bool = True) -> Tensor:
-        """Pooled ``[B, F_g, D]`` from the fast-tier slots ``rows`` [U] (a plain group's ``pool``)."""
-        return pool_dense(self, rows, layout, train=train, anchor=anchor, fused=fused)
-
-    def gather(self, rows: np.ndarray) -> Tensor:  # [U, D] of fast-tier slots ``rows``; -1 reads zeros
-        return gather_dense(self.weights, rows)
-
-    def update(self, rows: Tensor, grad: Tensor, *, accesses: np.ndarray | None = None) -> None:
-        """The optimizer step on the batch's slots; rows reading the shared zero row are skipped."""
-        if self.spec.admission:
-            keep = rows != ZERO_SLOT
-            if not bool(keep.all()):
-                rows, grad = rows[keep], grad[keep]
-        self.step += 1
-        apply_update(self.optimizer, self.weights, self.state, rows, grad, self.step)
-        if self.changes.on:
-            self.changes.changed(*self._row_pairs(rows.cpu().numpy()))
-
-    def fused_reduce_update(self, features_own_rows: bool = False) -> bool:
-        return False  # the update skips the shared zero slot: always the two-pass backward
-
-    def reduce_update(self, grad_out: np.ndarray, rows: np.ndarray, layout: BagLayout) -> None:
-        raise NotImplementedError("a tiered group's backward is two passes (fused_reduce_update() is False)")
-
-    def pruning(self) -> None:  # whole rows: nothing to prune
-        return None
-
-    def empty_in_memory(self) -> TableGroup:
-        """An empty plain group of the same tables, seed and device (a hot-row replica: whole rows)."""
-        return TableGroup(self.tables, seed=self.seed, device=self.device)
-

@@ -1,6 +1,6 @@
 """TierMoves: the row moves a tiered group lends to the parts it is made of.
 
-A :class:`~tierec.store.group.TieredGroup` moves rows between its fast tier,
+A :class:`~tierec.store.tiered_group.TieredGroup` moves rows between its fast tier,
 host DRAM and disk. Its hotness pass (:class:`~tierec.store.policies.HotnessPass`)
 and its checkpoint records (:class:`~tierec.store.state.TierRecords`) work on
 the same parts (directory, tiers, codec) and need a few of those moves; each

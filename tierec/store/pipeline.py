@@ -13,7 +13,7 @@ Batches go through in order, in windows of up to ``depth`` (k) batches. Once the
 previous window's first batch was looked up (``lead``: k - 1 batches before the
 window starts; one for windows of 1 or 2), the rows of its batches are deduplicated
 per tiered group and handed to the group's
-:meth:`~tierec.store.group.TieredGroup.stage`, with the lookup each row is last
+:meth:`~tierec.store.group.TierStore.stage`, with the lookup each row is last
 needed at; the group reads the ones that live only on disk on its read-ahead
 threads, as one set (neighbouring records share a request), while the step
 computes. A window is dropped once its last batch has been looked up (``HELD``: the caller may hold one

@@ -86,6 +86,64 @@ def test_probe_equals_find_then_the_columns() -> None:
     assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
 
 
+def test_split_known_is_where_filtered_and_known_lids_is_probe_known() -> None:
+    """A read-ahead window's one pass (``split_known``) gives the positions and homes of the rows away on disk
+    and the positions and slots of the resident rows that ``where`` gives, in order, skipping -1; and
+    ``known_lids`` the lids of ``probe_known``, with and without a deletion since the first probe."""
+    from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE
+
+    rng = np.random.default_rng(8)
+    d = Directory(n_tables=3, cache_slots=600)
+    n = 5000
+    keys, tabs = rng.permutation(n * 2)[:n].astype(np.int64), rng.integers(0, 3, n).astype(np.int32)
+    lids = d.insert(keys, tabs)
+    d.loc[lids] = rng.choice([LOC_NONE, LOC_HOST, LOC_DISK], n).astype(np.int8)
+    d.home[lids] = rng.permutation(n)
+    up = rng.choice(n, 599, replace=False)
+    d.come_up(lids[up], np.arange(1, 600), d.loc[lids[up]], d.home[lids[up]])  # some of them homed on disk too
+    ask = rng.permutation(np.concatenate([lids, np.full(700, -1)]))  # unknown pairs among them
+    _, cs, loc, home = d.where(ask)
+    on_disk, disk_home, in_fast, fast_slot = d.split_known(ask)
+    want_disk = np.flatnonzero((ask >= 0) & (cs < 0) & (loc == LOC_DISK))
+    want_fast = np.flatnonzero((ask >= 0) & (cs >= 0))
+    assert want_disk.size > 1000 and want_fast.size == 599
+    assert on_disk.tolist() == want_disk.tolist() and disk_home.tolist() == home[want_disk].tolist()
+    assert in_fast.tolist() == want_fast.tolist() and fast_slot.tolist() == cs[want_fast].tolist()
+
+    ask_k = np.concatenate([keys, keys + n * 2])  # the second half unknown
+    ask_t = np.concatenate([tabs, tabs])
+    first, deletions = d.find_beside(ask_k, ask_t)
+    first[:100] = -1  # as if inserted after that probe: found again
+    new = d.insert(ask_k[n : n + 50], ask_t[n : n + 50])
+    got = d.known_lids(ask_k, ask_t, first, deletions)
+    assert got.tolist() == d.probe_known(ask_k, ask_t, first, deletions)[0].tolist() == d.find(ask_k, ask_t).tolist()
+    assert got[n : n + 50].tolist() == new.tolist() and (first[:100] == -1).all()  # its input is left alone
+    d.delete(new[:10])
+    stale = got.copy()
+    assert d.known_lids(ask_k, ask_t, stale, deletions).tolist() == d.find(ask_k, ask_t).tolist()
+
+
+def test_keep_until_is_maximum_at_and_distinct_order_the_stable_order() -> None:
+    """The window's keep-until of resident rows as ``np.maximum.at`` (slots repeated), and the sort of distinct
+    values as the stable one."""
+    from tierec.embedding.layout import RecordLayout
+    from tierec.embedding.table import TableConfig
+    from tierec.store.fast_tier import FastTier
+    from tierec.store.sorted_search import distinct_order
+
+    rng = np.random.default_rng(9)
+    fast = FastTier(50, RecordLayout.of_tables([TableConfig(name="t", dim=2, features=["f"])]), "cpu")
+    fast.keep[:] = rng.integers(0, 20, 51)
+    want = fast.keep.copy()
+    slots, until = rng.integers(1, 51, 400), rng.integers(0, 40, 400)
+    np.maximum.at(want, slots, until)
+    fast.keep_until(slots, until)
+    assert fast.keep.tolist() == want.tolist()
+    for dtype in (np.int32, np.int64):
+        a = rng.choice(10**9, 30_000, replace=False).astype(dtype)
+        assert distinct_order(a).tolist() == np.argsort(a, kind="stable").tolist()
+
+
 def test_find_beside_runs_beside_inserts_that_grow_the_directory_and_deletes() -> None:
     """``find_beside`` on one thread while another inserts (growing every per-lid array, which may move them, and
     rebuilding the map) and deletes rows: pairs never deleted keep their lids, and each lid given for a pair

@@ -182,6 +182,32 @@ def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
 
 
 @nb.njit(cache=True, nogil=True)
+def _split_known(lids, tier, pos, on_disk, disk_home, in_fast, fast_slot):
+    """Of ``lids`` (-1: unknown, skipped): the positions of the rows away from the fast tier and homed on disk,
+    with their home slots, and of the rows in the fast tier, with their slots; returns the two counts."""
+    nd = 0
+    nf = 0
+    n = lids.shape[0]
+    for i in range(n):
+        if i + AHEAD < n and lids[i + AHEAD] >= 0:
+            prefetch_row(tier, lids[i + AHEAD])
+            prefetch_row(pos, lids[i + AHEAD])
+        r = lids[i]
+        if r < 0:
+            continue
+        t = tier[r]
+        if t & _RESIDENT:
+            in_fast[nf] = i
+            fast_slot[nf] = pos[r]
+            nf += 1
+        elif t == LOC_DISK:
+            on_disk[nd] = i
+            disk_home[nd] = pos[r]
+            nd += 1
+    return nd, nf
+
+
+@nb.njit(cache=True, nogil=True)
 def _freq_of(lids, tier, pos, fq, c_freq, dq, out):
     """The access count of each lid: its slot's exact one while resident, else its quantised one."""
     for i in range(lids.shape[0]):
@@ -557,13 +583,28 @@ class Directory:
         """``probe`` of pairs whose lids an earlier probe found (``lids``, -1 where it found none) when the
         directory's ``deletions`` were ``deletions``: while no row was deleted since, only those -1 are probed
         again (they may have been inserted since); else every pair."""
+        return self.where(self.known_lids(keys, tabs, lids, deletions))
+
+    def known_lids(self, keys: np.ndarray, tabs: np.ndarray, lids: np.ndarray, deletions: int) -> np.ndarray:
+        """The lids [N] (-1: unknown) ``probe_known`` gives, without the columns: ``lids`` (a copy) with the -1
+        found again, or every pair found again where rows were deleted since."""
         if deletions != self.deletions:
-            return self.probe(keys, tabs)
+            return self.find(keys, tabs)
         lids = lids.copy()
         unknown = np.flatnonzero(lids < 0)
         if unknown.size:
             lids[unknown] = self.find(keys[unknown], tabs[unknown])
-        return self.where(lids)
+        return lids
+
+    def split_known(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, home slots) among ``lids`` (-1 skipped) of the rows away from the fast tier and homed on
+        disk, and (positions, fast-tier slots) of the rows in the fast tier, positions ascending: what a
+        read-ahead window needs of :meth:`where`, in one pass."""
+        n = lids.shape[0]
+        on_disk, disk_home = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        in_fast, fast_slot = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        nd, nf = _split_known(lids, self.tier, self.pos, on_disk, disk_home, in_fast, fast_slot)
+        return on_disk[:nd], disk_home[:nd], in_fast[:nf], fast_slot[:nf]
 
     def where(self, lids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(lids, fast-tier slot, home tier, home slot) of lids (-1 allowed) in one pass through the split."""

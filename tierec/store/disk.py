@@ -76,6 +76,7 @@ from tierec.store.disk_reads import (
     runs,
     spans,
 )
+from tierec.store.sorted_search import distinct_order
 
 IO_ENGINES = ("auto", "aio", "threads")
 
@@ -411,7 +412,7 @@ class DiskTier:
         later (:meth:`epochs`) which of the records are still current.
         """
         slots = np.asarray(slots, dtype=np.int64)
-        order = np.argsort(slots, kind="stable")
+        order = distinct_order(slots)
         srt = slots[order]
         buf = np.empty((srt.shape[0], self.rec_floats), dtype=np.float32)
         pending = PendingRead(self, slots, order, buf)

@@ -20,6 +20,7 @@ import numpy as np
 
 from tierec.store.directory import LOC_DISK
 from tierec.store.disk import DiskTier
+from tierec.store.sorted_search import distinct_order
 from tierec.store.staging import Staging
 
 
@@ -44,7 +45,7 @@ class DiskRows:
         fresh = ~self.staging.current(lids, homes, epochs)
         if not fresh.any():
             return None
-        order = np.flatnonzero(fresh)[np.argsort(lids[fresh], kind="stable")]
+        order = np.flatnonzero(fresh)[distinct_order(lids[fresh])]  # rows brought up: each once
         lids, homes = lids[order], homes[order]
         not_kept = np.full(lids.size, -1, dtype=np.int64)
         return self.early.add(lids, homes, epochs[order], self.disk.submit_read(homes), not_kept)

@@ -87,6 +87,11 @@ class FastTier:
         """Copy the next uses (``next_at`` [lids], the horizon's) of the rows ``lids`` just looked up in ``slots``."""
         _copy_uses(self.next_use, slots, lids, next_at)
 
+    def keep_until(self, slots: np.ndarray, until: np.ndarray) -> None:
+        """Rows in ``slots`` are needed until lookup ``until`` (each) by a read-ahead window: kept till then
+        unless nothing else can leave (a later time wins)."""
+        _raise_keep(self.keep, slots, until)
+
     def forget_uses(self) -> None:
         """The horizon forgot its batches: no copy holds."""
         self.next_use[:] = 0
@@ -165,6 +170,14 @@ class FastTier:
         total = self.weights.numel() * 4 + sum(t.numel() * 4 for t in self.state.values())
         return (total + self.slot_lid.nbytes + self.pin.nbytes + self.keep.nbytes + self.dirty.nbytes + self.free_slots.nbytes
                 + self.next_use.nbytes)
+
+
+@nb.njit(cache=True, nogil=True)
+def _raise_keep(keep, slots, until):
+    """``keep[s] = max(keep[s], u)`` for each slot and lookup (slots may repeat: ``np.maximum.at``'s result)."""
+    for i in range(slots.shape[0]):
+        if until[i] > keep[slots[i]]:
+            keep[slots[i]] = until[i]
 
 
 @nb.njit(cache=True, nogil=True)

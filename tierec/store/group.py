@@ -79,6 +79,7 @@ from tierec.store.host import HostTier
 from tierec.store.moves import TierMoves, weakly
 from tierec.store.policies import HotnessPass
 from tierec.store.rowcopy import gather_rows
+from tierec.store.sorted_search import distinct_order
 from tierec.store.staging import BatchIds, Found, Resolved, Staging, WindowIds
 from tierec.store.state import Clocks, TierRecords
 from tierec.sizes import format_size
@@ -314,27 +315,20 @@ class TierStore:
         with self._lock:
             try:
                 d = self.index
-                if found is not None:
-                    lids, cs, loc, home = d.probe_known(keys, tabs, found.lids, found.deletions)
-                else:
-                    lids, cs, loc, home = d.probe(keys, tabs)
+                lids = d.find(keys, tabs) if found is None else d.known_lids(keys, tabs, found.lids, found.deletions)
                 ids = None if batches is None else WindowIds(keys, tabs, lids, d.deletions, batches)
-                known = lids >= 0
-                lids, cs, loc, home = lids[known], cs[known], loc[known], home[known]
+                on_disk, home, in_fast, cs = d.split_known(lids)
                 until = None
                 if next_use is not None and not self.codec.lossy:
-                    until = self.clock + next_use[known].astype(np.int64)
-                    res = cs >= 0
-                    np.maximum.at(self.fast.keep, cs[res].astype(np.int64), until[res])
-                away = (cs < 0) & (loc == LOC_DISK)
-                lids, home = lids[away], home[away]
-                until = until[away] if until is not None else None
+                    self.fast.keep_until(cs, self.clock + next_use[in_fast].astype(np.int64))
+                    until = self.clock + next_use[on_disk].astype(np.int64)
+                lids = lids[on_disk]
                 fresh = self.staging.not_staged(lids)
                 lids, home, until = lids[fresh], home[fresh], (until[fresh] if until is not None else None)
                 if self.spec.stage_bytes is not None:  # the earliest batches' rows first (keys come in batch order)
                     n = self.staging.room(self.spec.stage_bytes, 4 * self.disk.rec_floats, lids.size)
                     lids, home, until = lids[:n], home[:n], (until[:n] if until is not None else None)
-                order = np.argsort(lids, kind="stable")
+                order = distinct_order(lids)  # the pairs are unique: so are their rows
                 lids, slots = lids[order], home[order]
                 until = until[order] if until is not None else np.full(lids.size, -1, dtype=np.int64)
                 if lids.size == 0 and ids is None:

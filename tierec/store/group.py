@@ -352,12 +352,8 @@ class TierStore:
         lids, deletions = self.index.find_beside(keys, tabs)
         with self._lock:
             d = self.index
-            if deletions != d.deletions:
-                lids = d.find(keys, tabs)
-            else:
-                unknown = np.flatnonzero(lids < 0)
-                if unknown.size:  # inserted since, perhaps (the horizon links a pair's uses once it has a row)
-                    lids[unknown] = d.find(keys[unknown], tabs[unknown])
+            # the pairs without a row then may have one now (the horizon links a pair's uses once it has a row)
+            lids = d.known_lids(keys, tabs, lids, deletions)
             self.horizon.foresee(keys, tabs, lids, step=self.train_steps)
             return Found(lids, d.deletions)
 

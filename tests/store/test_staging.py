@@ -61,9 +61,9 @@ def test_a_lookup_starts_reading_its_rows_no_window_holds_before_it_evicts(tmp_p
     reading = []
     take_slots = g._take_slots
 
-    def spy(n: int, best_effort: bool = False) -> np.ndarray:
+    def spy(n: int, best_effort: bool = False, ahead: bool = False) -> np.ndarray:
         reading.append(g.disk_rows.early.held_rows)  # the lookup's own reads, started already
-        return take_slots(n, best_effort)
+        return take_slots(n, best_effort, ahead)
 
     g._take_slots = spy
     rows = g.lookup(np.arange(6, dtype=np.int64), _tabs(6), insert=True)

@@ -136,3 +136,47 @@ def test_stats_count_hits_misses_and_disk_bytes(tmp_path) -> None:
     assert st["hit_rate"] == pytest.approx(2 / 12)
     assert st["rows_cache"] == 4 and st["rows_disk"] == 6
     g.close()
+
+
+def test_a_lookup_with_few_misses_evicts_for_the_next_ones_and_rows_keep_their_values(tmp_path) -> None:
+    """240 fast-tier rows: a lookup of 5 new rows into a full tier evicts them and a twelfth of the tier more
+    (group.EVICT_AHEAD), so the next four such lookups evict nothing; one of 15 new rows (more than half that
+    share) evicts only a 128th more. Every row evicted early comes back with its trained value: the same
+    values as a group that holds every row."""
+    from tierec.store.group import EVICT_AHEAD
+    from tierec.store.spec import Counter
+
+    g = _group(tmp_path, cache_bytes=240 * REC)
+    ref = _group(tmp_path / "ref", cache_bytes=1000 * REC)
+    room = int(g.capacity * EVICT_AHEAD)
+    assert g.capacity == 240 and room == 20
+
+    def look(ids) -> int:  # rows evicted by this lookup
+        before = int(g.counters[0, Counter.EVICTED])
+        grad = 0.25 * torch.from_numpy(np.asarray(ids, dtype=np.float32) % 3 + 1)[:, None].expand(-1, DIM)
+        for s in (g, ref):
+            rows = _look(s, ids)
+            s.update(torch.from_numpy(rows), grad)
+        return int(g.counters[0, Counter.EVICTED]) - before
+
+    next_id = 0
+    while g.fast.n_free >= 10:  # fill the tier
+        assert look(np.arange(next_id, next_id + 10)) == 0
+        next_id += 10
+    free = g.fast.n_free
+    assert look(np.arange(next_id, next_id + 5)) == 5 - free + room  # its shortfall and the room for the next ones
+    next_id += 5
+    assert [look(np.arange(next_id + 5 * i, next_id + 5 * i + 5)) for i in range(4)] == [0, 0, 0, 0]
+    next_id += 20
+    assert g.fast.n_free == 0
+    assert look(np.arange(next_id, next_id + 15)) == 15 + max(int(g.capacity / 128), 1)  # 2 x 15 > room
+    next_id += 15
+    ids = np.arange(next_id)
+    for s in (g, ref):
+        assert bool(s.records_of(ids, np.zeros(ids.size, dtype=np.int32))[0].all())
+    torch.testing.assert_close(
+        torch.from_numpy(g.records_of(ids, np.zeros(ids.size, dtype=np.int32))[1]),
+        torch.from_numpy(ref.records_of(ids, np.zeros(ids.size, dtype=np.int32))[1]), rtol=0, atol=0,
+    )
+    g.close()
+    ref.close()

@@ -86,6 +86,28 @@ def test_probe_equals_find_then_the_columns() -> None:
     assert (got[1][:250] >= 1).all() and (got[1][250:n] == -1).all()
 
 
+def test_where_gives_each_lids_columns_as_the_directory_reads_them_one_by_one() -> None:
+    """``where`` (its kernel asks for lids' entries ahead) is the per-lid columns, for resident, away and -1."""
+    from tierec.store.directory import LOC_DISK, LOC_HOST, LOC_NONE
+
+    rng = np.random.default_rng(9)
+    d = Directory(n_tables=2, cache_slots=900)
+    n = 6000
+    lids = d.insert(rng.permutation(n * 3)[:n].astype(np.int64), rng.integers(0, 2, n).astype(np.int32))
+    d.loc[lids] = rng.choice([LOC_NONE, LOC_HOST, LOC_DISK], n).astype(np.int8)
+    d.home[lids] = rng.permutation(n)
+    up = rng.choice(n, 899, replace=False)
+    d.come_up(lids[up], rng.permutation(np.arange(1, 900)), d.loc[lids[up]], d.home[lids[up]])
+    ask = rng.permutation(np.concatenate([lids, lids[:500], np.full(300, -1)]))  # repeats and unknowns
+    got_lids, cs, loc, home = d.where(ask)
+    known = ask >= 0
+    assert got_lids.tolist() == ask.tolist()
+    assert cs[known].tolist() == d.cslot[ask[known]].tolist() and (cs[~known] == -1).all()  # the columns' own reads
+    assert loc[known].tolist() == d.loc[ask[known]].tolist() and (loc[~known] == LOC_NONE).all()
+    assert home[known].tolist() == d.home[ask[known]].tolist() and (home[~known] == -1).all()
+    assert (cs >= 1).sum() == np.isin(ask, lids[up]).sum() > 899  # every resident one, repeats too
+
+
 def test_split_known_is_where_filtered_and_known_lids_is_probe_known() -> None:
     """A read-ahead window's one pass (``split_known``) gives the positions and homes of the rows away on disk
     and the positions and slots of the resident rows that ``where`` gives, in order, skipping -1; and
@@ -581,3 +603,36 @@ def test_tiered_group_is_composed_and_freed_without_the_cycle_collector(tmp_path
         assert group() is None and fast() is None
     finally:
         gc.enable()
+
+
+def test_note_uses_copies_each_rows_next_use_into_its_slot() -> None:
+    """``FastTier.note_uses`` (its kernel asks for both ends ahead) is numpy's ``out[slots] = next_at[lids]``,
+    0 for lids past the horizon's end."""
+    from tierec.embedding.layout import RecordLayout
+    from tierec.embedding.table import TableConfig
+    from tierec.store.fast_tier import FastTier
+
+    rng = np.random.default_rng(11)
+    fast = FastTier(3000, RecordLayout.of_tables([TableConfig(name="t", dim=2, features=["f"])]), "cpu")
+    next_at = rng.integers(1, 500, 40_000).astype(np.int32)
+    slots = rng.permutation(np.arange(1, 3001))[:2500].astype(np.int64)
+    lids = rng.integers(0, 45_000, 2500).astype(np.int64)  # some past the end of next_at
+    before = fast.next_use.copy()
+    fast.note_uses(slots, lids, next_at)
+    want = before.copy()
+    want[slots] = np.where(lids < next_at.size, next_at[np.minimum(lids, next_at.size - 1)], 0)
+    assert fast.next_use.tolist() == want.tolist() and (lids >= next_at.size).sum() > 100
+
+
+def test_count_use_adds_one_use_and_the_step_to_each_slot() -> None:
+    """``Directory.count_use`` (a kernel) is numpy's fancy add and store on the slot columns."""
+    rng = np.random.default_rng(12)
+    d = Directory(n_tables=1, cache_slots=5000)
+    d.c_freq[:] = rng.random(5000).astype(np.float32) * 9
+    d.c_last[:] = rng.integers(0, 50, 5000)
+    freq, last = d.c_freq.copy(), d.c_last.copy()
+    slots = rng.permutation(np.arange(1, 5000))[:3000]
+    d.count_use(slots, 77)
+    freq[slots] += np.float32(1.0)
+    last[slots] = 77
+    assert d.c_freq.tolist() == freq.tolist() and d.c_last.tolist() == last.tolist()

@@ -176,9 +176,30 @@ def _columns_of(r, i, tier, pos, c_loc, c_home, cslot, loc, home):
 
 @nb.njit(cache=True, nogil=True)
 def _where(lids, tier, pos, c_loc, c_home, cslot, loc, home):
-    """Per lid (-1: unknown): fast-tier slot (-1 when away), home tier and home slot, through the split."""
-    for i in range(lids.shape[0]):
+    """Per lid (-1: unknown): fast-tier slot (-1 when away), home tier and home slot, through the split. Two
+    cache misses a lid (its split entry, then a resident row's slot columns): the entry of lid ``i + 2A`` and
+    the slot columns of ``i + A`` are asked for ahead (45k lids of a batch: 0.57 against 1.0 ms)."""
+    n = lids.shape[0]
+    for i in range(n):
+        j = i + 2 * AHEAD
+        if j < n and lids[j] >= 0:
+            prefetch_row(tier, lids[j])
+            prefetch_row(pos, lids[j])
+        j = i + AHEAD
+        if j < n and lids[j] >= 0 and tier[lids[j]] & _RESIDENT:
+            prefetch_row(c_loc, pos[lids[j]])
+            prefetch_row(c_home, pos[lids[j]])
         _columns_of(lids[i], i, tier, pos, c_loc, c_home, cslot, loc, home)
+
+
+@nb.njit(cache=True, nogil=True)
+def _count_use(slots, step, c_freq, c_last):
+    """One more use of the rows in fast-tier ``slots`` (distinct), at ``step``: one pass, where numpy's
+    fancy add and store take three (a batch's 45k slots: 0.23-0.36 against 0.49-0.65 ms)."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        c_freq[s] += np.float32(1.0)
+        c_last[s] = step
 
 
 @nb.njit(cache=True, nogil=True)
@@ -615,8 +636,7 @@ class Directory:
 
     def count_use(self, slots: np.ndarray, step: int) -> None:
         """Resident rows in fast-tier ``slots`` (distinct) were used once more, at training step ``step``."""
-        self.c_freq[slots] += np.float32(1.0)
-        self.c_last[slots] = step
+        _count_use(slots, step, self.c_freq, self.c_last)
 
     def resident(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(home tier, home slot, access count) [n] of the resident rows in fast-tier ``slots``."""
